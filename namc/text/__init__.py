@@ -1,0 +1,1 @@
+"""Text: the implicit-change template and caption tokenizers."""
