@@ -75,9 +75,14 @@ class PretrainCollator:
         self.max_caption_len = max_caption_len
         self.swap_prob = swap_prob
 
-    def _half(self, desc: str, noise: Sequence[int] | None) -> tuple[list[int], list[int], list[bool]]:
+    def _half(self, desc: str, noise: Sequence[int] | None, item_id: Any) -> tuple[list[int], list[int], list[bool]]:
         tok = self.tokenizer
         ids, word_of = _encode_words(tok, desc)
+        if noise is not None and len(noise) != len(desc.split()):
+            raise ValueError(
+                f"item {item_id!r}: {len(noise)} noise labels for {len(desc.split())} words of {desc!r} "
+                "(labels are aligned to desc.split())"
+            )
         labels = [bool(noise[w]) for w in word_of] if noise is not None else [False] * len(ids)
         kept = self.max_text_len - 2
         return [tok.bos_id, *ids[:kept], tok.eos_id], ids, [False, *labels[:kept], False]
@@ -89,8 +94,8 @@ class PretrainCollator:
         for item, swap in zip(items, swaps.tolist()):
             a, b = ("2", "1") if swap else ("1", "2")
             verb1, verb2 = item["verb" + a], item["verb" + b]
-            desc1_ids, words1, noise1 = self._half(item["desc" + a], item.get("noise" + a))
-            desc2_ids, words2, noise2 = self._half(item["desc" + b], item.get("noise" + b))
+            desc1_ids, words1, noise1 = self._half(item["desc" + a], item.get("noise" + a), item.get("id"))
+            desc2_ids, words2, noise2 = self._half(item["desc" + b], item.get("noise" + b), item.get("id"))
             prefix, middle, suffix = segments(verb1, verb2)
             caption, src1, src2 = [tok.bos_id], [-1], [-1]
             for piece, src in ((prefix, None), (words1, src1), (middle, None), (words2, src2), (suffix, None)):

@@ -58,7 +58,9 @@ class ClipDualEncoder(nn.Module):
         if cfg is None:
             raise ValueError(f"unknown open_clip config {model_name!r}; see open_clip.list_models()")
         cfg = copy.deepcopy(cfg)
-        base_vocab = cfg["text_cfg"].get("vocab_size", 49408) if pretrained else vocab_size
+        sd = load_state_dict(pretrained, hint=CLIP_HINT) if pretrained else None
+        # build with the checkpoint's own vocabulary so it loads strictly, then append rows ([MASK])
+        base_vocab = sd["token_embedding.weight"].shape[0] if sd and "token_embedding.weight" in sd else vocab_size
         cfg["text_cfg"]["vocab_size"] = base_vocab
         for key in ("custom_text", "hf_tokenizer_name", "tokenizer_kwargs"):
             cfg.pop(key, None)
@@ -66,8 +68,7 @@ class ClipDualEncoder(nn.Module):
         visual = self.clip.visual
         if visual.attn_pool is not None or visual.final_ln_after_pool or visual.pool_type != "tok":
             raise ValueError(f"{model_name}: only class-token ViT CLIP towers are supported")
-        if pretrained:
-            sd = load_state_dict(pretrained, hint=CLIP_HINT)
+        if sd is not None:
             load_strict(self.clip, sd, what=f"CLIP {model_name} from {pretrained}")
         if vocab_size != base_vocab:
             self._grow_vocab(vocab_size)
@@ -84,7 +85,10 @@ class ClipDualEncoder(nn.Module):
     def _grow_vocab(self, vocab_size: int) -> None:
         old = self.clip.token_embedding
         if vocab_size < old.num_embeddings:
-            raise ValueError(f"tokenizer has {vocab_size} ids but the CLIP checkpoint has {old.num_embeddings}")
+            raise ValueError(
+                f"the tokenizer has {vocab_size} ids but the CLIP checkpoint's vocabulary has {old.num_embeddings}: "
+                "pretrained CLIP towers need the CLIP BPE tokenizer (tokenizer='clip_bpe')"
+            )
         new = nn.Embedding(vocab_size, old.embedding_dim)
         with torch.no_grad():
             new.weight[: old.num_embeddings] = old.weight

@@ -1,0 +1,262 @@
+"""namc_tiny end to end: pre-training step, gradients, overfitting, attention masking, persistence, registry."""
+
+import json
+
+import open_clip
+import pytest
+import torch
+
+import namc
+from namc.data.collate import CaptionCollator, PretrainCollator
+from namc.models._weights import WeightsError
+from namc.models.encoders import ClipDualEncoder
+from namc.text.tokenizer import ClipBPETokenizer, WordTokenizer, load_tokenizer
+
+COLORS = ["red", "blue", "green", "gray", "cyan", "purple", "brown", "yellow"]
+
+
+def _items(n: int, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for i in range(n):
+        c1, c2 = COLORS[i % 8], COLORS[(i + 3) % 8]
+        items.append(
+            dict(
+                id=str(i),
+                image1=torch.rand(3, 64, 64, generator=g),
+                image2=torch.rand(3, 64, 64, generator=g),
+                verb1="shows",
+                desc1=f"a small {c1} metal cube left of a large gray rubber sphere",
+                verb2="depicts",
+                desc2=f"a small {c2} metal cube left of a large gray rubber sphere",
+                noise1=[0] * 12,
+                noise2=[0] * 11 + [1],
+            )
+        )
+    return items
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [f"{it['desc1']} {it['desc2']} shows depicts" for it in _items(8)]
+    texts.append("the difference between the two images is that first image , while second . changed to")
+    return WordTokenizer.build(texts)
+
+
+@pytest.fixture()
+def model(tokenizer):
+    torch.manual_seed(0)
+    return namc.create_model("namc_tiny", tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def batch(tokenizer):
+    return PretrainCollator(tokenizer, max_text_len=48, max_caption_len=64)(_items(8))
+
+
+def test_registry_lists_and_rejects_unknown():
+    assert {"namc_base", "namc_tiny"} <= set(namc.list_models())
+    assert namc.list_models("*tiny") == ["namc_tiny"]
+    with pytest.raises(ValueError, match="unknown model"):
+        namc.create_model("namc_huge")
+    with pytest.raises(ValueError, match="unknown overrides"):
+        namc.create_model("namc_tiny", dimm=3)
+
+
+def test_three_grids_must_agree():
+    with pytest.raises(ValueError, match="share one grid"):
+        namc.create_model("namc_tiny", image_size=128, grid_out_index=3)
+
+
+def test_base_config_is_the_paper():
+    cfg = namc.model_config("namc_base")
+    assert (cfg.image_size, cfg.dim, cfg.heads, cfg.mir_layers, cfg.fdg_layers) == (224, 768, 12, 2, 2)  # appx. F
+    assert (cfg.p_img, cfg.p_txt, cfg.max_new_tokens, cfg.vqgan_n_embed) == (0.2, 0.15, 23, 16384)
+
+
+def test_pretrain_step_losses_and_gradients(model, batch):
+    model.train()
+    out = model.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+    for key in ("loss", "nim", "mir", "fdg"):
+        assert torch.isfinite(out[key]), key
+        assert out[key] > 0, key
+    assert 0.05 < out["img_mask_frac"] < 0.4
+    out["loss"].backward()
+    frozen = {n for n, _ in model.named_parameters() if n.startswith(("grid.", "vqgan."))}
+    assert frozen, "the ResNet grid and the VQGAN must be part of the model"
+    for name, p in model.named_parameters():
+        if name in frozen:
+            assert not p.requires_grad and p.grad is None, name
+        elif name == "nim.clip.logit_scale":
+            assert not p.requires_grad
+        else:
+            assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reached {name}"
+    assert not model.grid.training and not model.vqgan.training  # frozen parts stay in eval mode
+
+
+def test_overfit_one_batch(model, batch):
+    torch.manual_seed(0)
+    opt = torch.optim.Adam([p for g in model.param_groups().values() for p in g], lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    losses = []
+    for _ in range(40):
+        out = model.pretrain_step(batch, generator=gen)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(out["loss"].item())
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < 0.6 * first, (first, last)
+
+
+def test_masks_are_reproducible(model, batch):
+    images = torch.cat([batch["image1"], batch["image2"]])
+    text = torch.cat([batch["desc1"], batch["desc2"]])
+    a = model.noise_masks(images, text, torch.Generator().manual_seed(3))
+    b = model.noise_masks(images, text, torch.Generator().manual_seed(3))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    words, _ = model._text_masks(text)
+    assert not a[1][~words].any()  # [SOS], [EOS] and padding are never masked
+
+
+def test_denoised_caption_uses_mask_token(model, batch, tokenizer):
+    # caption_src points at the description token each caption word copies
+    for half in ("1", "2"):
+        src, desc = batch["caption_src" + half], batch["desc" + half]
+        hit = src >= 0
+        assert hit.any()
+        assert torch.equal(batch["caption"][hit], desc.gather(1, src.clamp_min(0))[hit])
+
+
+@pytest.mark.parametrize("ablation", [dict(nim_loss="infonce"), dict(rec_loss="l2"), dict(masking="random"),
+                                      dict(use_nim=False), dict(use_mir=False, denoised_text=False)])
+def test_ablations_run(tokenizer, batch, ablation):
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, **ablation)
+    out = m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(out["loss"])
+    if ablation.get("use_nim") is False:
+        assert out["nim"] == 0
+    if ablation.get("use_mir") is False:
+        assert out["mir"] == 0
+
+
+def test_coattention_never_attends_masked_positions(model):
+    model.eval()
+    B, N, D = 2, model.grid_size**2, model.config.dim
+    x1, x2 = torch.randn(B, N, D), torch.randn(B, N, D)
+    m1 = torch.rand(B, N, generator=torch.Generator().manual_seed(0)) < 0.3
+    m2 = torch.rand(B, N, generator=torch.Generator().manual_seed(1)) < 0.3
+    fused, weights = model.mir.interact(x1, x2, m1, m2, return_weights=True)
+    keys_self = torch.cat([m1, m2])  # (2B, N): stream rows 0..B-1 are image 1
+    keys_cross = torch.cat([m2, m1])  # stream 1 reads image 2 and back
+    for layer in weights:
+        w_self, w_cross = layer["self"], layer["cross"]  # (2B, H, N, N)
+        assert w_self.shape == (2 * B, model.config.heads, N, N)
+        assert w_self.masked_select(keys_self[:, None, None, :].expand_as(w_self)).abs().max() == 0
+        assert w_cross.masked_select(keys_cross[:, None, None, :].expand_as(w_cross)).abs().max() == 0
+        torch.testing.assert_close(w_self.sum(-1), torch.ones_like(w_self.sum(-1)))
+    # the weights path and the fast (SDPA) path agree
+    torch.testing.assert_close(fused, model.mir.interact(x1, x2, m1, m2), atol=1e-5, rtol=1e-4)
+
+
+def test_finetune_step_and_generate(model, tokenizer):
+    items = [dict(id=str(i), image1=torch.rand(3, 64, 64), image2=torch.rand(3, 64, 64),
+                  captions=["the small red cube changed to blue", "someone changed the cube"]) for i in range(4)]
+    b = CaptionCollator(tokenizer, max_caption_len=32)(items)
+    model.drop_pretraining_modules().train()
+    out = model.finetune_step(b)
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"])
+    assert model.nim is None and model.vqgan is None
+    model.eval()
+    caps = model.generate(b["image1"], b["image2"], max_new_tokens=5)
+    assert len(caps) == 4 and all(isinstance(c, str) for c in caps)
+    caps_beam = model.generate(b["image1"], b["image2"], max_new_tokens=5, num_beams=3)
+    assert len(caps_beam) == 4
+
+
+@pytest.mark.parametrize("pretraining", [True, False])
+def test_save_load_round_trip(model, tmp_path, pretraining):
+    if not pretraining:
+        model.drop_pretraining_modules()
+    model.eval()
+    x1, x2 = torch.rand(3, 3, 64, 64), torch.rand(3, 3, 64, 64)
+    before = model.generate_ids(x1, x2, max_new_tokens=12)
+    model.save_pretrained(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    loaded = namc.from_pretrained(tmp_path)
+    assert not loaded.training
+    assert loaded.config == model.config
+    assert torch.equal(loaded.generate_ids(x1, x2, max_new_tokens=12), before)
+    assert (loaded.nim is None) is (not pretraining)
+    same = namc.create_model("namc_tiny", pretrained=tmp_path)
+    assert torch.equal(same.generate_ids(x1, x2, max_new_tokens=12), before)
+
+
+def test_from_pretrained_errors(model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        namc.from_pretrained(tmp_path / "nothing")
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["dim"] = 64  # weights no longer fit
+    cfg["heads"] = 4
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match="mir"):
+        namc.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(WeightsError, match="model.safetensors"):
+        namc.from_pretrained(tmp_path)
+
+
+def test_clip_checkpoint_in_open_clip_layout_loads(tmp_path, tokenizer):
+    """A tiny CLIP written as an open_clip state dict loads through the same path as the ViT-B/16 preset."""
+    ClipDualEncoder("namc-tiny-clip", 10)  # registers namc's open_clip configs
+    cfg = open_clip.get_model_config("namc-tiny-clip")
+    cfg["text_cfg"]["vocab_size"] = tokenizer.vocab_size - 1  # a checkpoint without our [MASK] row
+    ref = open_clip.CLIP(**cfg)
+    path = tmp_path / "clip.pt"
+    torch.save(ref.state_dict(), path)
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, clip_pretrained=str(path))
+    ours = m.nim.clip.state_dict()
+    for key, value in ref.state_dict().items():
+        if key == "token_embedding.weight":
+            assert torch.equal(ours[key][: value.shape[0]], value)
+        else:
+            assert torch.equal(ours[key], value), key
+    # our pooled features equal open_clip's own encode_image / encode_text on the same weights
+    images = torch.rand(2, 3, 64, 64)
+    ref.eval(), m.eval()
+    norm = (images - m.nim.mean) / m.nim.std
+    torch.testing.assert_close(m.nim.encode_image(images)[0], ref.encode_image(norm), atol=1e-5, rtol=1e-4)
+    top = tokenizer.vocab_size - 2  # eos = the largest id, so open_clip's argmax pooling finds it too
+    ids = torch.zeros(1, 48, dtype=torch.long)  # open_clip's encode_text wants the full context length
+    ids[0, :5] = torch.tensor([1, 5, 6, 7, top])
+    torch.testing.assert_close(m.nim.encode_text(ids, eos_id=top)[0], ref.encode_text(ids), atol=1e-5, rtol=1e-4)
+    # a mismatched checkpoint names the offending key
+    sd = ref.state_dict()
+    sd["visual.conv1.weight"] = torch.zeros(3, 3)
+    torch.save(sd, path)
+    with pytest.raises(WeightsError, match="visual.conv1.weight"):
+        namc.create_model("namc_tiny", tokenizer=tokenizer, clip_pretrained=str(path))
+    with pytest.raises(FileNotFoundError, match="convert_openai_clip"):
+        namc.create_model("namc_tiny", tokenizer=tokenizer, clip_pretrained=str(tmp_path / "missing.safetensors"))
+
+
+def test_word_tokenizer_round_trip(tmp_path, tokenizer):
+    ids = tokenizer.encode("The small red metal cube, left of a sphere.")
+    assert tokenizer.decode([tokenizer.bos_id, *ids, tokenizer.eos_id]) == "the small red metal cube, left of a sphere."
+    assert tokenizer.encode("zebra") == [tokenizer.unk_id]
+    tokenizer.save(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.words == tokenizer.words
+    assert WordTokenizer.build(["b a", "a"]).words == WordTokenizer.build(["a", "b a"]).words
+
+
+def test_clip_bpe_tokenizer_mask_and_round_trip(tmp_path):
+    tok = ClipBPETokenizer()
+    assert (tok.bos_id, tok.eos_id, tok.mask_id, tok.vocab_size) == (49406, 49407, 49408, 49409)
+    ids = tok.encode("a small red cube")
+    assert tok.decode([tok.bos_id, ids[0], tok.mask_id, *ids[2:], tok.eos_id]) == "a [MASK] red cube"
+    tok.save(tmp_path)
+    assert load_tokenizer(tmp_path).encode("a small red cube") == ids
