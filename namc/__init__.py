@@ -7,6 +7,7 @@
 
 __version__ = "0.1.0"
 
+from namc.describe import describe  # noqa: E402
 from namc.models import NAMC, NAMCConfig, create_model, list_models, model_config, register_model  # noqa: E402
 
 from_pretrained = NAMC.from_pretrained
@@ -16,6 +17,7 @@ __all__ = [
     "NAMCConfig",
     "__version__",
     "create_model",
+    "describe",
     "from_pretrained",
     "list_models",
     "model_config",

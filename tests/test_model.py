@@ -129,8 +129,16 @@ def test_denoised_caption_uses_mask_token(model, batch, tokenizer):
         assert torch.equal(batch["caption"][hit], desc.gather(1, src.clamp_min(0))[hit])
 
 
-@pytest.mark.parametrize("ablation", [dict(nim_loss="infonce"), dict(rec_loss="l2"), dict(masking="random"),
-                                      dict(use_nim=False), dict(use_mir=False, denoised_text=False)])
+@pytest.mark.parametrize(
+    "ablation",
+    [
+        dict(nim_loss="infonce"),
+        dict(rec_loss="l2"),
+        dict(masking="random"),
+        dict(use_nim=False),
+        dict(use_mir=False, denoised_text=False),
+    ],
+)
 def test_ablations_run(tokenizer, batch, ablation):
     m = namc.create_model("namc_tiny", tokenizer=tokenizer, **ablation)
     out = m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
@@ -161,8 +169,15 @@ def test_coattention_never_attends_masked_positions(model):
 
 
 def test_finetune_step_and_generate(model, tokenizer):
-    items = [dict(id=str(i), image1=torch.rand(3, 64, 64), image2=torch.rand(3, 64, 64),
-                  captions=["the small red cube changed to blue", "someone changed the cube"]) for i in range(4)]
+    items = [
+        dict(
+            id=str(i),
+            image1=torch.rand(3, 64, 64),
+            image2=torch.rand(3, 64, 64),
+            captions=["the small red cube changed to blue", "someone changed the cube"],
+        )
+        for i in range(4)
+    ]
     b = CaptionCollator(tokenizer, max_caption_len=32)(items)
     model.drop_pretraining_modules().train()
     out = model.finetune_step(b)
@@ -260,3 +275,20 @@ def test_clip_bpe_tokenizer_mask_and_round_trip(tmp_path):
     assert tok.decode([tok.bos_id, ids[0], tok.mask_id, *ids[2:], tok.eos_id]) == "a [MASK] red cube"
     tok.save(tmp_path)
     assert load_tokenizer(tmp_path).encode("a small red cube") == ids
+
+
+def test_describe_image_files(model, tmp_path):
+    from PIL import Image
+
+    model.drop_pretraining_modules().save_pretrained(tmp_path / "m")
+    Image.new("RGBA", (80, 50), (255, 0, 0, 128)).save(tmp_path / "a.png")  # other mode and size: converted
+    Image.new("L", (64, 64), 90).save(tmp_path / "b.png")
+    one = namc.describe(tmp_path / "m", tmp_path / "a.png", tmp_path / "b.png", max_new_tokens=4)
+    assert isinstance(one, str)
+    many = namc.describe(model, [tmp_path / "a.png"] * 3, [tmp_path / "b.png"] * 3, max_new_tokens=4, batch_size=2)
+    assert many == [one] * 3
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    with pytest.raises(OSError):
+        namc.describe(model, tmp_path / "bad.png", tmp_path / "b.png")
+    with pytest.raises(ValueError, match="first images"):
+        namc.describe(model, [tmp_path / "a.png"], [])

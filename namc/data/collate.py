@@ -90,7 +90,9 @@ class PretrainCollator:
     def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         tok = self.tokenizer
         img1, img2, d1s, d2s, caps, src1s, src2s, n1s, n2s, has_noise = ([] for _ in range(10))
-        swaps = torch.rand(len(items)) < self.swap_prob if self.swap_prob > 0 else torch.zeros(len(items), dtype=torch.bool)
+        swaps = (
+            torch.rand(len(items)) < self.swap_prob if self.swap_prob > 0 else torch.zeros(len(items), dtype=torch.bool)
+        )
         for item, swap in zip(items, swaps.tolist()):
             a, b = ("2", "1") if swap else ("1", "2")
             verb1, verb2 = item["verb" + a], item["verb" + b]

@@ -131,7 +131,9 @@ class NAMC(nn.Module):
         self.config = config
         self.tokenizer = tokenizer
         c = config
-        self.grid = GridEncoder(c.grid_model, c.grid_out_index, c.grid_pretrained, frozen=True, model_kwargs=c.grid_kwargs)
+        self.grid = GridEncoder(
+            c.grid_model, c.grid_out_index, c.grid_pretrained, frozen=True, model_kwargs=c.grid_kwargs
+        )
         self.grid_size = self.grid.grid_size(c.image_size)
         n = self.grid_size**2
         self.nim: ClipDualEncoder | None = None
@@ -168,7 +170,9 @@ class NAMC(nn.Module):
     def num_parameters(self) -> dict[str, int]:
         """Parameter counts by module; ``inference`` is what captioning uses (grid + MIR + FDG, heads excluded)."""
         count = lambda m: sum(p.numel() for p in m.parameters()) if m is not None else 0  # noqa: E731
-        mir_train_only = sum(p.numel() for m in (self.mir.head, self.mir.text_proj) if m is not None for p in m.parameters())
+        mir_train_only = sum(
+            p.numel() for m in (self.mir.head, self.mir.text_proj) if m is not None for p in m.parameters()
+        )
         out = {
             "nim": count(self.nim),
             "vqgan": count(self.vqgan),
@@ -232,7 +236,9 @@ class NAMC(nn.Module):
             p_txt = ops.mask_probabilities(1 - r_txt, c.p_txt, words)
         else:
             n = self.grid_size**2
-            p_img = ops.random_mask_probabilities(torch.ones(images.shape[0], n, dtype=torch.bool, device=images.device), c.p_img)
+            p_img = ops.random_mask_probabilities(
+                torch.ones(images.shape[0], n, dtype=torch.bool, device=images.device), c.p_img
+            )
             p_txt = ops.random_mask_probabilities(words, c.p_txt)
         return ops.sample_mask(p_img, generator), ops.sample_mask(p_txt, generator)
 

@@ -156,7 +156,9 @@ def load_tokenizer(directory: str | Path) -> WordTokenizer | ClipBPETokenizer:
     raise ValueError(f"{path}: unknown tokenizer type {kind!r} (expected 'word' or 'clip_bpe')")
 
 
-def build_tokenizer(kind: str, texts: Iterable[str] | None = None, min_freq: int = 1) -> WordTokenizer | ClipBPETokenizer:
+def build_tokenizer(
+    kind: str, texts: Iterable[str] | None = None, min_freq: int = 1
+) -> WordTokenizer | ClipBPETokenizer:
     """A tokenizer by kind: ``"clip_bpe"`` (no texts needed) or ``"word"`` (built from ``texts``)."""
     if kind == "clip_bpe":
         return ClipBPETokenizer()

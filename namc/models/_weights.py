@@ -1,0 +1,291 @@
+"""The one place that reads (and writes) checkpoint files.
+
+Every pretrained part of namc (CLIP towers, the ResNet grid encoder, the VQGAN tokenizer, a trained NAMC) reads
+its weights through :func:`load_state_dict` and loads them through :func:`load_strict`:
+
+- safetensors files are read with ``safetensors``; anything else with ``torch.load(weights_only=True)``, so no
+  checkpoint can run code on this machine;
+- wrapper layouts are undone in one function, :func:`clean_state_dict`;
+- a missing, unexpected (and not explicitly ignored) or mis-shaped key is an error that names the key; nothing is
+  loaded with ``strict=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WeightsError", "clean_state_dict", "load_state_dict", "load_strict", "save_safetensors"]
+
+# How many offending key names an error message lists before it says "... and N more".
+_MAX_LISTED_KEYS = 8
+
+# Prefixes that wrappers add in front of every key: DataParallel / DistributedDataParallel (`module.`), a
+# LightningModule holding the network as `self.model` (`model.`), torch.compile's OptimizedModule (`_orig_mod.`).
+_WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")
+
+
+class WeightsError(RuntimeError):
+    """A checkpoint file could not be read, or its keys / shapes do not fit the module it is loaded into."""
+
+
+class _InertCheckpointKey:
+    """Inert stand-in for a class object that a Lightning checkpoint uses as a dictionary key.
+
+    Lightning 1.0-1.4 (the version the official taming-transformers VQGAN checkpoints were written with) stored
+    callback states as ``checkpoint["callbacks"] = {ModelCheckpoint: {...}}``: the *class* is the key, so the file
+    holds a pickle GLOBAL for it and ``torch.load(weights_only=True)`` refuses it. Allow-listing this class under
+    those names lets such a file load with the safe unpickler; the stand-in does nothing if it is ever called.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+# Lightning's stateful built-in callbacks of that era; their states (scores, paths, counters) are plain data.
+_LIGHTNING_CALLBACK_KEYS = [
+    (_InertCheckpointKey, f"{package}.callbacks.{name}")
+    for package in ("pytorch_lightning", "lightning.pytorch")
+    for name in ("model_checkpoint.ModelCheckpoint", "early_stopping.EarlyStopping")
+]
+
+
+def _list_keys(keys: list[str]) -> str:
+    """Format the first few keys and a count, e.g. ``3 keys: a, b, c``."""
+    shown = ", ".join(keys[:_MAX_LISTED_KEYS])
+    more = f" ... and {len(keys) - _MAX_LISTED_KEYS} more" if len(keys) > _MAX_LISTED_KEYS else ""
+    return f"{len(keys)} key{'s' if len(keys) != 1 else ''}: {shown}{more}"
+
+
+def clean_state_dict(obj: Mapping[str, object], *, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """Undo the wrapper layouts of a loaded checkpoint and return a plain ``name -> tensor`` state dict.
+
+    1. A top-level ``state_dict`` entry is unwrapped: Lightning checkpoints (taming's ``last.ckpt`` among them)
+       keep the weights there beside ``global_step``, ``optimizer_states``, ...
+    2. A wrapper prefix (``module.``, ``model.``, ``_orig_mod.``) is stripped, repeatedly, but only when EVERY key
+       carries it. A prefix that every key shares was added by a wrapper (DDP, a LightningModule's ``self.model``,
+       ``torch.compile``) around the whole network; a prefix on only some keys is a real submodule name (a network
+       with a child called ``model`` next to others) and must stay, or the keys would no longer match.
+
+    Args:
+        obj: What ``torch.load`` / ``safetensors`` returned.
+        source: Where ``obj`` came from, for error messages.
+
+    Returns:
+        The state dict, keys with the wrapper prefix removed, values tensors.
+
+    Raises:
+        WeightsError: ``obj`` is not a mapping of names to tensors (after unwrapping).
+    """
+    if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
+        obj = obj["state_dict"]
+    if not isinstance(obj, Mapping):
+        raise WeightsError(f"{source} holds a {type(obj).__name__}, not a state dict (a mapping of names to tensors)")
+    not_tensors = [str(k) for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+    if not_tensors:
+        raise WeightsError(f"{source} is not a state dict of tensors; non-tensor entries: {_list_keys(not_tensors)}")
+    state_dict = {str(k): v for k, v in obj.items()}
+
+    stripped = True
+    while stripped and state_dict:
+        stripped = False
+        for prefix in _WRAPPER_PREFIXES:
+            if all(k.startswith(prefix) for k in state_dict):
+                logger.debug("%s: stripping the wrapper prefix %r shared by all %d keys", source, prefix, len(obj))
+                state_dict = {k[len(prefix) :]: v for k, v in state_dict.items()}
+                stripped = True
+    return state_dict
+
+
+def _refused_global(exc: BaseException) -> str | None:
+    """The Python object that ``torch.load(weights_only=True)`` refused to unpickle, if that is why it failed."""
+    found = re.search(r"GLOBAL (\S+) was not an allowed global|Unsupported class (\S+)", str(exc))
+    return (found.group(1) or found.group(2)) if found else None
+
+
+def _describe_cause(exc: BaseException) -> str:
+    """A one-line cause; torch's weights-only errors are long, so keep what they refused and drop the rest."""
+    message = str(exc)
+    if "TorchScript" in message:
+        return "it is a TorchScript archive, which the safe loader does not read"
+    refused = _refused_global(exc)
+    if refused:
+        return f"the safe loader (torch.load weights_only=True) refused the Python object {refused}"
+    if "WeightsUnpickler error:" in message:  # the pickle stream itself is malformed
+        detail = message.split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0]
+        return f"the file is corrupt or not a PyTorch checkpoint (unpickler: {detail})"
+    first_line = message.strip().splitlines()[0] if message.strip() else ""
+    if len(first_line) > 300:  # keep whole sentences
+        first_line = first_line[: first_line.rfind(". ", 0, 300) + 1] or first_line[:300]
+    return f"{type(exc).__name__}: {first_line}".rstrip(". ")
+
+
+def _load_error_advice(path: Path, exc: BaseException) -> str:
+    """A suggestion for a file that could not be read, or '' when there is none."""
+    if "TorchScript" in str(exc):
+        return (
+            " If it is OpenAI's CLIP (e.g. ViT-B-16.pt), convert it once with "
+            f"`python tools/convert_openai_clip.py {path} <out>.safetensors` and pass the .safetensors file."
+        )
+    if _refused_global(exc):
+        target = path.with_suffix(".safetensors")
+        return (
+            " The file holds Python objects besides tensors (e.g. a training checkpoint's callbacks or"
+            " hyper-parameters). If, and only if, you trust where the file came from, extract its weights once (this"
+            " unpickles the file with code execution enabled) and pass the .safetensors file instead:\n"
+            '  python -c "import torch; from namc.models._weights import save_safetensors; '
+            f"ckpt = torch.load('{path}', map_location='cpu', weights_only=False); "
+            f"save_safetensors(ckpt.get('state_dict', ckpt), '{target}')\""
+        )
+    return ""
+
+
+def load_state_dict(path: str | Path, *, hint: str = "") -> dict[str, torch.Tensor]:
+    """Read a checkpoint file safely and return its cleaned state dict.
+
+    ``.safetensors`` files are read with safetensors; every other file with
+    ``torch.load(path, map_location="cpu", weights_only=True)``. The result goes through :func:`clean_state_dict`.
+
+    Args:
+        path: The checkpoint file.
+        hint: What the file is and where to get it, e.g. ``"the ResNet-101 ImageNet weights (timm resnet101.tv_in1k,
+            or torchvision's resnet101-63fe2227.pth)"``; it is quoted when the file is missing.
+
+    Returns:
+        The state dict (on CPU), keys without wrapper prefixes.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (the message says where it was looked for and quotes ``hint``).
+        WeightsError: the file exists but cannot be read as weights (corrupt, or a pickle that needs objects the
+            safe loader refuses); the message names the file, the cause and, where one exists, a conversion.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        what = f"{hint}: " if hint else ""
+        raise FileNotFoundError(
+            f"{what}no checkpoint file at {path} (resolved: {path.resolve()}). Pretrained weights are never downloaded"
+            " by namc; download the file yourself and pass its local path."
+        )
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            obj = load_file(str(path), device="cpu")
+        else:
+            with torch.serialization.safe_globals(_LIGHTNING_CALLBACK_KEYS), warnings.catch_warnings():
+                # torch warns before refusing a TorchScript archive; the error below says what to do instead
+                warnings.filterwarnings("ignore", message=".*looks like a TorchScript archive")
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any failure to read the file becomes one error type that names the file
+        raise WeightsError(
+            f"cannot read checkpoint {path}: {_describe_cause(exc)}.{_load_error_advice(path, exc)}"
+        ) from exc
+    state_dict = clean_state_dict(obj, source=str(path))
+    logger.debug("read %d tensors from %s", len(state_dict), path)
+    return state_dict
+
+
+def load_strict(
+    module: nn.Module,
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    what: str,
+    ignore_unexpected: Callable[[str], bool] | None = None,
+) -> None:
+    """Load ``state_dict`` into ``module``, refusing any key or shape mismatch.
+
+    Missing keys, unexpected keys (unless ``ignore_unexpected(key)`` is true) and shape mismatches are all
+    collected first and reported together in one :class:`WeightsError`; only then is
+    ``module.load_state_dict(..., strict=True)`` called with the keys the module owns. The one tolerated gap is a
+    BatchNorm ``num_batches_tracked`` counter that pre-0.4 checkpoints lack (PyTorch fills it in itself).
+
+    Args:
+        module: The module to fill.
+        state_dict: ``name -> tensor``, usually from :func:`load_state_dict`.
+        what: What is being loaded and from where, e.g. ``"ResNet-101 grid encoder from /ckpt/resnet101.pth"``.
+        ignore_unexpected: Predicate for checkpoint keys the module is known not to have (a decoder, a loss, a
+            classifier head pruned by ``features_only``); those are dropped without error.
+
+    Raises:
+        WeightsError: naming ``what`` and the offending keys (first few, and the count).
+    """
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state_dict and not _is_legacy_batchnorm_counter(module, k)]
+    unexpected = [k for k in state_dict if k not in expected]
+    ignored = {k for k in unexpected if ignore_unexpected is not None and ignore_unexpected(k)}
+    unexpected = [k for k in unexpected if k not in ignored]
+    mismatched = [
+        f"{k} (checkpoint {tuple(state_dict[k].shape)}, model {tuple(v.shape)})"
+        for k, v in expected.items()
+        if k in state_dict and state_dict[k].shape != v.shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {_list_keys(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {_list_keys(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatch in {_list_keys(mismatched)}")
+    if problems:
+        raise WeightsError(f"cannot load {what}: " + "; ".join(problems))
+    if ignored:
+        logger.info(
+            "%s: ignoring %d checkpoint keys the model does not use (e.g. %s)", what, len(ignored), min(ignored)
+        )
+    module.load_state_dict({k: state_dict[k] for k in expected if k in state_dict}, strict=True)
+    logger.info("loaded %s (%d tensors)", what, len(expected))
+
+
+def _is_legacy_batchnorm_counter(module: nn.Module, key: str) -> bool:
+    """Whether ``key`` is a BatchNorm ``num_batches_tracked`` counter, which older checkpoints do not have.
+
+    Checkpoints written before PyTorch 0.4 (torchvision's original ImageNet ResNets, and timm's ``tv_in1k`` copies
+    of them) lack the counter. BatchNorm's own ``_load_from_state_dict`` fills it in for such files, and the counter
+    is not a weight (BatchNorm reads it only when ``momentum=None``), so its absence is not an error.
+    """
+    owner, _, leaf = key.rpartition(".")
+    if leaf != "num_batches_tracked":
+        return False
+    try:
+        return isinstance(module.get_submodule(owner), nn.modules.batchnorm._BatchNorm)
+    except AttributeError:
+        return False
+
+
+def save_safetensors(
+    state_dict: Mapping[str, torch.Tensor], path: str | Path, *, metadata: dict[str, str] | None = None
+) -> None:
+    """Write a state dict as a safetensors file.
+
+    safetensors refuses non-contiguous tensors and tensors that share memory (tied weights, views); every tensor
+    is written as its own contiguous CPU copy, so loading gives independent tensors (re-tie after loading where
+    the model ties weights).
+
+    Args:
+        state_dict: ``name -> tensor``.
+        path: The output file (parents are created).
+        metadata: Optional string metadata stored in the file header.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.numel() > 0:
+            pointer = tensor.untyped_storage().data_ptr()
+            if pointer in seen:  # shares memory with a tensor already written
+                tensor = tensor.clone()
+            seen.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    save_file(tensors, str(path), metadata=metadata)
