@@ -292,3 +292,11 @@ def test_describe_image_files(model, tmp_path):
         namc.describe(model, tmp_path / "bad.png", tmp_path / "b.png")
     with pytest.raises(ValueError, match="first images"):
         namc.describe(model, [tmp_path / "a.png"], [])
+
+
+def test_grid_trainable_option(tokenizer, batch):
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, grid_trainable=True)
+    grid_params = {id(p) for p in m.grid.parameters()}
+    assert grid_params <= {id(p) for p in m.param_groups()["mir_fdg"]}
+    m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))["loss"].backward()
+    assert all(p.grad is not None for p in m.grid.parameters() if p.requires_grad)

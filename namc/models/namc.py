@@ -66,6 +66,7 @@ class NAMCConfig:
     grid_out_index: int = 3
     grid_kwargs: dict[str, Any] = field(default_factory=dict)
     grid_pretrained: str | None = None
+    grid_trainable: bool = False  # the paper keeps the ResNet frozen ("pre-extracted"); train it without weights
     vqgan_ddconfig: dict[str, Any] = field(
         default_factory=lambda: dict(
             double_z=False, z_channels=256, resolution=256, in_channels=3, out_ch=3, ch=128,
@@ -132,7 +133,7 @@ class NAMC(nn.Module):
         self.tokenizer = tokenizer
         c = config
         self.grid = GridEncoder(
-            c.grid_model, c.grid_out_index, c.grid_pretrained, frozen=True, model_kwargs=c.grid_kwargs
+            c.grid_model, c.grid_out_index, c.grid_pretrained, frozen=not c.grid_trainable, model_kwargs=c.grid_kwargs
         )
         self.grid_size = self.grid.grid_size(c.image_size)
         n = self.grid_size**2
@@ -162,9 +163,12 @@ class NAMC(nn.Module):
     # ------------------------------------------------------------------------------------------ parameters
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Trainable parameters by optimiser group: ``nim`` (lr 1e-4 -> 1e-5) and ``mir_fdg`` (3e-4 -> 1e-4)."""
+        """Trainable parameters by optimiser group: ``nim`` (lr 1e-4 -> 1e-5) and ``mir_fdg`` (3e-4 -> 1e-4).
+
+        ``mir_fdg`` also holds the grid encoder's parameters when ``grid_trainable`` is set.
+        """
         nim = [p for p in self.nim.parameters() if p.requires_grad] if self.nim is not None else []
-        rest = [p for m in (self.mir, self.fdg) for p in m.parameters() if p.requires_grad]
+        rest = [p for m in (self.grid, self.mir, self.fdg) for p in m.parameters() if p.requires_grad]
         return {"nim": nim, "mir_fdg": rest}
 
     def num_parameters(self) -> dict[str, int]:
