@@ -1,0 +1,113 @@
+"""``namc data ...`` subcommands: ``shapes`` (generate the shapes world) and ``pack`` (manifest -> tar shards).
+
+``main(argv)`` takes the arguments after ``namc data`` and returns an exit status; the ``namc`` console script
+forwards to it. Examples::
+
+    namc data shapes --out data/shapes --pairs 1000 --image-size 64 --noise-rate 0.2
+    namc data pack data/shapes/corpus/manifest.jsonl data/shapes/corpus/shards --shard-size 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``namc data``."""
+    parser = argparse.ArgumentParser(prog="namc data", description="Data tools for namc.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("shapes", help="generate the shapes world (CLEVR-Change-layout benchmark + corpus)")
+    s.add_argument("--out", type=Path, required=True, help="output folder (gets clevr_change/ and corpus/)")
+    s.add_argument("--pairs", type=int, default=1000, help="benchmark pairs (each also gives a distractor pair)")
+    s.add_argument("--corpus-pairs", type=int, default=None, help="pre-training pairs (default: --pairs; 0: none)")
+    s.add_argument("--image-size", type=int, default=64)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--noise-rate", type=float, default=0.2, help="fraction of injected noise phrases, in [0, 0.5]")
+    s.add_argument("--captions", type=int, default=3, help="paraphrases per benchmark pair")
+    s.add_argument("--splits", type=float, nargs=3, default=(0.8, 0.1, 0.1), metavar=("TRAIN", "VAL", "TEST"))
+    s.add_argument("--min-objects", type=int, default=2)
+    s.add_argument("--max-objects", type=int, default=6)
+    s.add_argument("--workers", type=int, default=1, help="processes (the output does not depend on it)")
+    s.add_argument("--shards", action="store_true", help="also pack the corpus into tar shards (corpus/shards/)")
+    s.add_argument("--shard-size", type=int, default=1000)
+
+    p = sub.add_parser("pack", help="pack a JSONL manifest into tar shards (resumable)")
+    p.add_argument("manifest", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--shard-size", type=int, default=1000)
+    p.add_argument("--no-verify-images", action="store_true", help="copy images without decoding them")
+    p.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs a ``namc data`` subcommand; prints its report; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.command == "shapes":
+        from namc.data.corpus import pack_corpus
+        from namc.data.shapes import generate_benchmark, generate_corpus
+
+        t0 = time.perf_counter()
+        bench = generate_benchmark(
+            args.out / "clevr_change",
+            args.pairs,
+            args.image_size,
+            args.seed,
+            args.captions,
+            args.splits,
+            args.workers,
+            args.min_objects,
+            args.max_objects,
+        )
+        t1 = time.perf_counter()
+        print(f"benchmark: {json.dumps(bench)} ({t1 - t0:.1f} s)")
+        n_corpus = args.pairs if args.corpus_pairs is None else args.corpus_pairs
+        if n_corpus > 0:
+            meta = generate_corpus(
+                args.out / "corpus",
+                n_corpus,
+                args.image_size,
+                args.seed,
+                args.noise_rate,
+                args.workers,
+                args.min_objects,
+                args.max_objects,
+            )
+            t2 = time.perf_counter()
+            print(
+                f"corpus: {n_corpus} pairs, phrase noise {meta['phrase_noise_fraction']:.3f}, "
+                f"word noise {meta['word_noise_fraction']:.3f} ({t2 - t1:.1f} s)"
+            )
+            if args.shards:
+                report = pack_corpus(
+                    args.out / "corpus" / "manifest.jsonl",
+                    args.out / "corpus" / "shards",
+                    args.shard_size,
+                    progress=False,
+                )
+                print(report.summary())
+        return 0
+    if args.command == "pack":
+        from namc.data.corpus import pack_corpus
+
+        report = pack_corpus(
+            args.manifest,
+            args.out,
+            args.shard_size,
+            verify_images=not args.no_verify_images,
+            progress=not args.no_progress,
+        )
+        print(report.summary())
+        return 0
+    raise AssertionError(args.command)  # argparse enforces the choices
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
