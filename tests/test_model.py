@@ -96,6 +96,7 @@ def test_pretrain_step_losses_and_gradients(model, batch):
 
 def test_overfit_one_batch(model, batch):
     torch.manual_seed(0)
+    batch = dict(batch, codes1=model.vqgan(batch["image1"]), codes2=model.vqgan(batch["image2"]))  # precomputed
     opt = torch.optim.Adam([p for g in model.param_groups().values() for p in g], lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     model.train()
