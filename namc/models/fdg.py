@@ -5,10 +5,21 @@ Dimension letters: B batch, K beams, T tokens, N memory positions (n_I), D width
 Decoding encodes each pair once, caches the cross-attention keys/values of the memory and the self-attention
 keys/values of the prefix (:class:`~namc.models.layers.KVCache`), projects only the last position onto the
 vocabulary, and drops finished rows from the batch. Greedy with at most 23 new tokens is the paper's setting
-(appendix F); beam search is ours.
+(appendix F); beam search is ours. :meth:`FDG.generate_uncached` is the naive decoder kept for tests and the
+throughput benchmark: no cache, every prefix position re-run and projected onto the vocabulary at every step.
+
+In eval mode the incremental step takes a fused path (:class:`_StepWeights`): one (3D x D) projection gives the
+self-attention query, key and value, the hidden states stay (b, D) instead of (b, 1, D), the cross-attention
+keys/values are made contiguous once, and on a CPU the large skinny products run through oneDNN (:func:`_dense`).
+In training mode (dropout active) the step runs the blocks' modules unchanged, so sampling with dropout behaves as
+before. Finished rows are dropped once they are a quarter of the batch (not at every [EOS]), which amortises the
+copies of the caches that each drop makes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -96,8 +107,11 @@ class FDG(nn.Module):
         caches: list[KVCache],
         cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
         memory_mask: torch.Tensor | None,
+        fused: list[_StepWeights] | None = None,
     ) -> torch.Tensor:
         """One incremental step: (B, 1) new tokens at ``position`` -> (B, V) logits of the next token."""
+        if fused is not None:
+            return self._fused_step(tokens[:, 0], position, caches, cross_kv, memory_mask, fused)
         x = self.tok(tokens) + self.pos[position : position + 1]  # (B, 1, D)
         for block, cache, kv in zip(self.blocks, caches, cross_kv):
             x = block.self_attend(x, cache=cache)
@@ -105,7 +119,38 @@ class FDG(nn.Module):
             x = block.feed_forward(x)
         return self.logits(x[:, -1])  # (B, V)
 
-    def _start(self, memory: torch.Tensor, max_new_tokens: int):
+    def _fused_step(
+        self,
+        tokens: torch.Tensor,
+        position: int,
+        caches: list[KVCache],
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        memory_mask: torch.Tensor | None,
+        fused: list[_StepWeights],
+    ) -> torch.Tensor:
+        """Eval-mode step on (b,) tokens with (b, D) states; the same maths as the module path without dropout."""
+        b = tokens.shape[0]
+        x = F.embedding(tokens, self.tok.weight) + self.pos[position]  # (b, D)
+        D = x.shape[1]
+        mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
+        for block, cache, (k_mem, v_mem), w in zip(self.blocks, caches, cross_kv, fused):
+            H, E = block.self_attn.heads, block.self_attn.head_dim
+            qkv = _dense(block.ln_self(x), w.qkv_weight, w.qkv_bias).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
+            k, v = cache.append(qkv[:, 1], qkv[:, 2])  # 2 x (b, H, t, E)
+            y = F.scaled_dot_product_attention(qkv[:, 0], k, v)  # (b, H, 1, E)
+            x = x + _dense(y.view(b, D), block.self_attn.out.weight, block.self_attn.out.bias)  # (b, D)
+            q = _dense(block.ln_cross(x), block.cross_attn.q.weight, block.cross_attn.q.bias).view(b, H, 1, E)
+            y = F.scaled_dot_product_attention(q, k_mem, v_mem, attn_mask=mask)  # (b, H, 1, E)
+            x = x + _dense(y.view(b, D), block.cross_attn.out.weight, block.cross_attn.out.bias)  # (b, D)
+            ffn_in, act, _, ffn_out = block.ffn
+            x = x + _dense(act(_dense(block.ln_ffn(x), ffn_in.weight, ffn_in.bias)), ffn_out.weight, ffn_out.bias)
+        x = self.ln_f(x)
+        return _dense(x, self.tok.weight) if self.lm_head is None else _dense(x, self.lm_head.weight)  # (b, V)
+
+    def _start(
+        self, memory: torch.Tensor, max_new_tokens: int
+    ) -> tuple[list[KVCache], list[tuple[torch.Tensor, torch.Tensor]], list[_StepWeights] | None]:
+        """Caches, cross-attention keys/values (each 2 x (B, H, N, E), contiguous) and fused step weights."""
         if max_new_tokens + 1 > self.max_len:
             raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
         B, _, D = memory.shape
@@ -113,8 +158,20 @@ class FDG(nn.Module):
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, memory.dtype)
             for _ in self.blocks
         ]
-        cross_kv = [block.context_kv(memory) for block in self.blocks]  # each 2 x (B, H, N, E)
-        return caches, cross_kv
+        cross_kv = [tuple(t.contiguous() for t in block.context_kv(memory)) for block in self.blocks]
+        fused = None if self.training else [_StepWeights.of(block) for block in self.blocks]
+        return caches, cross_kv, fused
+
+    def compile_step(self, **options) -> None:
+        """Compile the eval-mode decoding step with ``torch.compile(**options)`` (``dynamic=True`` by default).
+
+        The first generations after this call are slow (compilation); later ones reuse the compiled code.
+        """
+        options.setdefault("dynamic", True)
+        self._compiled_step = torch.compile(self._fused_step, **options)
+
+    def _step_fn(self) -> Callable[..., torch.Tensor]:
+        return getattr(self, "_compiled_step", None) or self._fused_step
 
     @torch.inference_mode()
     def generate(
@@ -140,26 +197,67 @@ class FDG(nn.Module):
         if num_beams > 1:
             return self._beam_search(memory, max_new_tokens, num_beams, memory_mask, length_penalty)
         B = memory.shape[0]
-        caches, cross_kv = self._start(memory, max_new_tokens)
+        caches, cross_kv, fused = self._start(memory, max_new_tokens)
+        step = self._step_fn() if fused is not None else None
         out = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=memory.device)
-        rows = torch.arange(B, device=memory.device)  # original row of each active row
+        rows = torch.arange(B, device=memory.device)  # original row of each row still in the batch
+        finished = torch.zeros(B, dtype=torch.bool, device=memory.device)  # rows in the batch that produced [EOS]
         tokens = torch.full((B, 1), self.bos_id, dtype=torch.long, device=memory.device)
         for t in range(max_new_tokens):
-            logits = self._step(tokens, t, caches, cross_kv, memory_mask)  # (b, V)
-            nxt = logits.argmax(dim=-1)  # (b,)
+            if step is not None:
+                logits = step(tokens[:, 0], t, caches, cross_kv, memory_mask, fused)  # (b, V)
+            else:
+                logits = self._step(tokens, t, caches, cross_kv, memory_mask)  # (b, V)
+            nxt = logits.argmax(dim=-1).masked_fill(finished, self.pad_id)  # (b,)
             out[rows, t] = nxt
-            done = nxt == self.eos_id
-            if bool(done.all()):
+            finished |= nxt == self.eos_id
+            n_done = int(finished.sum())  # the step's one host synchronisation
+            if n_done == finished.shape[0]:
                 break
-            if bool(done.any()):  # drop finished rows: the remaining steps run on fewer rows
-                keep = (~done).nonzero().squeeze(1)
-                rows, nxt = rows[keep], nxt[keep]
+            # Drop finished rows once they are a quarter of the batch: every drop copies the caches and the
+            # cross-attention keys/values (2 x 2 x N x D floats per row and layer) of the rows kept, so dropping in
+            # groups amortises the copies; finished rows kept meanwhile only produce padding that is never read.
+            if 4 * n_done >= finished.shape[0]:
+                keep = (~finished).nonzero().squeeze(1)
+                rows, nxt, finished = rows[keep], nxt[keep], finished[keep]
                 for cache in caches:
                     cache.select(keep)
                 cross_kv = [(k.index_select(0, keep), v.index_select(0, keep)) for k, v in cross_kv]
                 if memory_mask is not None:
                     memory_mask = memory_mask.index_select(0, keep)
             tokens = nxt[:, None]
+        return out[:, : _used_length(out, self.pad_id)]
+
+    @torch.inference_mode()
+    def generate_uncached(
+        self, memory: torch.Tensor, max_new_tokens: int = 23, memory_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Naive greedy decoding, for tests and the throughput benchmark: every step runs the decoder over the
+        whole prefix (no self-attention cache), recomputes the cross-attention keys/values of the memory and
+        projects every position onto the vocabulary. Returns what :meth:`generate` returns with ``num_beams=1``.
+
+        Args:
+            memory: (B, N, D) E_MIR.
+            max_new_tokens: the most tokens generated after [BOS], [EOS] included.
+            memory_mask: (B, N) bool, True where memory may be attended.
+
+        Returns:
+            (B, T) generated ids without [BOS], padded with ``pad_id`` after [EOS].
+        """
+        if max_new_tokens + 1 > self.max_len:
+            raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
+        B = memory.shape[0]
+        tokens = torch.full((B, 1), self.bos_id, dtype=torch.long, device=memory.device)
+        out = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=memory.device)
+        finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
+        for t in range(max_new_tokens):
+            logits = self(tokens, memory, memory_mask)  # (B, t + 1, V): every position projected
+            nxt = logits[:, -1].argmax(dim=-1).masked_fill(finished, self.pad_id)  # (B,)
+            out[:, t] = nxt
+            finished |= nxt == self.eos_id
+            if bool(finished.all()):
+                break
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 2)
         return out[:, : _used_length(out, self.pad_id)]
 
     def _beam_search(
@@ -175,7 +273,7 @@ class FDG(nn.Module):
         memory = memory.repeat_interleave(K, dim=0)  # (B*K, N, D)
         if memory_mask is not None:
             memory_mask = memory_mask.repeat_interleave(K, dim=0)
-        caches, cross_kv = self._start(memory, max_new_tokens)
+        caches, cross_kv, fused = self._start(memory, max_new_tokens)
         seqs = torch.full((B * K, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         scores = torch.zeros(B, K, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: keep only one alive at first
@@ -183,7 +281,8 @@ class FDG(nn.Module):
         lengths = torch.zeros(B * K, device=device)
         tokens = torch.full((B * K, 1), self.bos_id, dtype=torch.long, device=device)
         for t in range(max_new_tokens):
-            logp = F.log_softmax(self._step(tokens, t, caches, cross_kv, memory_mask).float(), dim=-1)  # (BK, V)
+            logits = self._step(tokens, t, caches, cross_kv, memory_mask, fused)  # (BK, V)
+            logp = F.log_softmax(logits.float(), dim=-1)  # (BK, V)
             V = logp.shape[-1]
             # a finished beam can only extend itself by padding, at no cost
             logp[finished] = float("-inf")
@@ -213,3 +312,67 @@ def _used_length(ids: torch.Tensor, pad_id: int) -> int:
     """Columns up to the last non-padding token in any row (at least 1)."""
     used = (ids != pad_id).any(dim=0).nonzero()
     return int(used.max()) + 1 if used.numel() else 1
+
+
+@dataclass
+class _StepWeights:
+    """Self-attention query/key/value weights of one block stacked for a single (3D x D) projection.
+
+    Rows are ``[q; k; v]``, matching :meth:`~namc.models.layers.Attention.split_kv`'s key-then-value layout. Built
+    once per generation from the live parameters, so it never goes stale after training.
+    """
+
+    qkv_weight: torch.Tensor  # (3D, D)
+    qkv_bias: torch.Tensor  # (3D,)
+
+    @classmethod
+    def of(cls, block: nn.Module) -> _StepWeights:
+        attn = block.self_attn
+        return cls(torch.cat([attn.q.weight, attn.kv.weight]), torch.cat([attn.q.bias, attn.kv.bias]))
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build has oneDNN's linear kernel (``torch.ops.mkldnn._linear_pointwise``) and it works.
+
+    Checked once, on tiny tensors against ``F.linear``; a build without oneDNN, or one where the private op changed,
+    makes :func:`_dense` fall back to ``F.linear``.
+    """
+    global _ONEDNN_OK
+    if _ONEDNN_OK is None:
+        try:
+            x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+            with torch.inference_mode():
+                y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+            _ONEDNN_OK = bool(torch.backends.mkldnn.is_available() and torch.allclose(y, F.linear(x, w, b), atol=1e-5))
+        except (AttributeError, RuntimeError):
+            _ONEDNN_OK = False
+    return _ONEDNN_OK
+
+
+_ONEDNN_OK: bool | None = None
+
+
+def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` of (b, D_in) inputs during generation.
+
+    On a CPU in float32, with at least 8 rows and a matrix of at least 2^20 entries (namc_base's vocabulary
+    projection, fused q/k/v and FFN weights), it runs oneDNN's kernel, which beats the default BLAS on these skinny
+    products (measured on a 2-core AMD EPYC with MKL at b = 32: the 49409 x 768 vocabulary projection 36 vs 50 ms
+    on one thread, about 1.6x faster on two; the layer matrices 5-15 % faster). With fewer rows the product is a
+    memory-bound matrix-vector product where oneDNN gains nothing, and small matrices favour ``F.linear``'s
+    low-overhead path (6 vs 18 us for 128 x 384 at b = 1). Either result equals ``F.linear`` up to float rounding.
+    """
+    if (
+        x.shape[0] >= _ONEDNN_MIN_ROWS
+        and weight.numel() >= _ONEDNN_MIN_WEIGHT
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and torch.backends.mkldnn.enabled
+        and onednn_linear_available()
+    ):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+_ONEDNN_MIN_ROWS = 8
+_ONEDNN_MIN_WEIGHT = 1 << 20
