@@ -1,1 +1,18 @@
-"""namc.lit."""
+"""namc.lit: Lightning training and evaluation (LightningModules, the ``namc`` CLI, callbacks, the demo).
+
+Only this package and :mod:`namc.data.datamodules` import Lightning.
+"""
+
+from namc.lit.callbacks import CaptionWriter, ExportModel
+from namc.lit.checkpoints import load_namc
+from namc.lit.modules import CosineSchedule, FinetuneModule, NAMCModule, PretrainModule
+
+__all__ = [
+    "CaptionWriter",
+    "CosineSchedule",
+    "ExportModel",
+    "FinetuneModule",
+    "NAMCModule",
+    "PretrainModule",
+    "load_namc",
+]

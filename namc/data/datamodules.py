@@ -1,0 +1,498 @@
+"""LightningDataModules: the pre-training corpus and the IDC benchmarks, batched for :mod:`namc.lit`.
+
+Both datamodules own the caption tokenizer the model is built with (LightningCLI links ``data.caption_tokenizer`` to
+the model, and the model's preset / pretrained folder to ``data.tokenizer``): ``tokenizer`` is ``"word"`` (a word
+vocabulary built here from the training texts: corpus descriptions, or benchmark training captions), ``"clip_bpe"``
+(CLIP's BPE), or the path of a saved model (a ``save_pretrained`` folder or a namc ``.ckpt``) whose tokenizer is
+reused, as fine-tuning must.
+
+DDP: the benchmark's training set is split by a ``DistributedSampler`` (seeded, reshuffled per epoch); the corpus
+streams disjoint shards / manifest lines to every rank and DataLoader worker, and every reader yields exactly the
+same number of samples (a short reader starts its share again) so all ranks run the same number of steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+
+from namc.data.benchmarks import BENCHMARKS, BenchmarkDataset, build_benchmark
+from namc.data.collate import CaptionCollator, PretrainCollator
+from namc.data.corpus import CorpusDataset
+from namc.data.transforms import ImageTransform
+from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer
+
+__all__ = [
+    "BENCHMARK_SOURCES",
+    "BenchmarkDataModule",
+    "CorpusDataModule",
+    "NAMCDataModule",
+    "PairListDataset",
+    "check_benchmark_root",
+    "tokenizer_from_spec",
+]
+
+logger = logging.getLogger(__name__)
+
+#: name -> (title, where to get it, a path that must exist under the root once it is unpacked)
+BENCHMARK_SOURCES: dict[str, tuple[str, str, str]] = {
+    "clevr_change": (
+        "CLEVR-Change",
+        "https://github.com/Seth-Park/RobustChangeCaptioning (the dataset link in its README)",
+        "images",
+    ),
+    "clevr_dc": ("CLEVR-DC", "https://github.com/hsgkim/clevr-dc", "images"),
+    "spot_the_diff": (
+        "Spot-the-Diff",
+        "https://github.com/harsh19/spot-the-diff (annotations in the repository, images from its README link)",
+        "annotations",
+    ),
+    "ier": (
+        "Image-Editing-Request",
+        "https://github.com/airsplay/VisualRelationships (Image Editing Request data link in its README)",
+        "train.json",
+    ),
+}
+
+
+def check_benchmark_root(name: str, root: str | Path) -> Path:
+    """The benchmark folder, or a FileNotFoundError that says where to get the data and how to unpack it."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}")
+    root = Path(root)
+    title, url, marker = BENCHMARK_SOURCES[name]
+    if not (root / marker).exists():
+        raise FileNotFoundError(
+            f"{title} not found at {root}: download it from {url} and unpack it so that {root / marker} exists "
+            f"(or set data.init_args.root to where it is)"
+        )
+    return root
+
+
+def tokenizer_from_spec(spec: str | None, texts: Callable[[], Iterable[str]], min_freq: int = 1) -> CaptionTokenizer:
+    """Build or load a tokenizer: ``"word"``/None (from ``texts()``), ``"clip_bpe"``, or a saved model's path."""
+    if spec in (None, "word"):
+        tok = WordTokenizer.build(texts(), min_freq=min_freq)
+        logger.info("built a word vocabulary of %d entries (min_freq %d)", tok.vocab_size, min_freq)
+        return tok
+    if spec == "clip_bpe":
+        return ClipBPETokenizer()
+    from namc.lit.checkpoints import resolve_tokenizer
+
+    return resolve_tokenizer(spec)
+
+
+class _SkipNone:
+    """Collate wrapper: drops the ``None`` items of unreadable images; a batch left empty becomes ``None``."""
+
+    def __init__(self, collate: Callable[[Sequence[dict[str, Any]]], dict[str, Any]]) -> None:
+        self.collate = collate
+
+    def __call__(self, items: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+        kept = [it for it in items if it is not None]
+        return self.collate(kept) if kept else None
+
+
+def _rank_world(trainer: Any) -> tuple[int, int]:
+    if trainer is None:
+        return 0, 1
+    return int(trainer.global_rank), int(trainer.world_size)
+
+
+class _ReferencePicker(Dataset):
+    """Training view of a benchmark: each item keeps one reference caption, drawn from ``(seed, epoch, index)``.
+
+    The draw uses no global RNG, so it does not depend on DataLoader workers or on when Lightning creates the
+    iterator, and a resumed run draws what an uninterrupted one does.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, Any] | None:
+        item = self.dataset[index]
+        if item is None:
+            return None
+        refs = item["captions"]
+        pick = random.Random(f"reference-{self.seed}-{self.epoch}-{index}").randrange(len(refs)) if refs else 0
+        return {**item, "captions": refs[pick : pick + 1] or refs}
+
+
+def _trainer_epoch(trainer: Any) -> int:
+    """The epoch about to run (restored from a checkpoint when resuming), 0 without a trainer."""
+    return int(trainer.current_epoch) if trainer is not None else 0
+
+
+class NAMCDataModule(pl.LightningDataModule):
+    """Base of namc's datamodules: they own the caption tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer: str | None, min_freq: int) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.min_freq = min_freq
+        self._tokenizer: CaptionTokenizer | None = None
+        self._train: Any = None  # the training dataset view, which has set_epoch(epoch)
+
+    def vocabulary_texts(self) -> Iterable[str]:
+        raise NotImplementedError
+
+    @property
+    def caption_tokenizer(self) -> CaptionTokenizer:
+        """The tokenizer of the data and the model (built or loaded on first access)."""
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_from_spec(self.tokenizer, self.vocabulary_texts, self.min_freq)
+        return self._tokenizer
+
+    def set_tokenizer(self, tokenizer: CaptionTokenizer) -> None:
+        """Use ``tokenizer`` (e.g. the one of a model built outside LightningCLI)."""
+        self._tokenizer = tokenizer
+
+    def set_epoch(self, epoch: int) -> None:
+        """Seed the data-side randomness of training epoch ``epoch`` (called by the LightningModule)."""
+        if self._train is not None:
+            self._train.set_epoch(epoch)
+
+
+class BenchmarkDataModule(NAMCDataModule):
+    """One IDC benchmark in its official layout: fine-tuning, validation, test and prediction.
+
+    Args:
+        name: ``clevr_change``, ``clevr_dc``, ``spot_the_diff`` or ``ier``.
+        root: the dataset folder.
+        batch_size: training pairs per step and per process (the paper's 128 is the global batch).
+        eval_batch_size: pairs per validation/test/predict step (default ``batch_size``).
+        num_workers: DataLoader worker processes.
+        image_size: side of the square input images (linked from the model).
+        tokenizer: ``"word"``, ``"clip_bpe"`` or a saved model's path (linked from the model).
+        min_freq: keep words seen at least this often in the training captions (word vocabularies).
+        max_caption_len: most caption ids with [BOS]/[EOS] (linked from the model).
+        include_distractors: CLEVR-Change: also the no-change pairs (as trained and evaluated in the literature).
+        predict_pairs: a text file of image pairs to caption with ``namc predict`` (one pair per line, two paths
+            separated by whitespace, relative to the file; ``#`` starts a comment); default: ``predict_split``.
+        predict_split: the split ``namc predict`` captions when ``predict_pairs`` is not given.
+        shuffle_seed: seed of the training shuffle.
+    """
+
+    def __init__(
+        self,
+        name: str = "clevr_change",
+        root: str = "data/clevr_change",
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        num_workers: int = 4,
+        image_size: int = 224,
+        tokenizer: str | None = None,
+        min_freq: int = 1,
+        max_caption_len: int = 64,
+        include_distractors: bool = True,
+        predict_pairs: str | None = None,
+        predict_split: str = "test",
+        shuffle_seed: int = 0,
+    ) -> None:
+        super().__init__(tokenizer, min_freq)
+        if name not in BENCHMARKS:
+            raise ValueError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}")
+        self.save_hyperparameters()
+        self.name = name
+        self.root = root
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.image_size = image_size
+        self.max_caption_len = max_caption_len
+        self.include_distractors = include_distractors
+        self.predict_pairs = predict_pairs
+        self.predict_split = predict_split
+        self.shuffle_seed = shuffle_seed
+        self._splits: dict[str, Dataset] = {}
+
+    def split(self, split: str) -> BenchmarkDataset:
+        """The benchmark dataset of ``split`` (built once)."""
+        if split not in self._splits:
+            check_benchmark_root(self.name, self.root)
+            kwargs = {"include_distractors": self.include_distractors} if self.name == "clevr_change" else {}
+            self._splits[split] = build_benchmark(self.name, self.root, split, self.image_size, **kwargs)
+        return self._splits[split]  # type: ignore[return-value]
+
+    def vocabulary_texts(self) -> Iterable[str]:
+        """The training captions (never validation or test ones)."""
+        ds = self.split("train")
+        return [c for entry in ds.entries for c in entry[3]]
+
+    def setup(self, stage: str) -> None:
+        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
+        for split in splits:
+            ds = self.split(split)
+            if len(ds) == 0:
+                raise ValueError(f"{self.name} {split} split at {self.root} has no usable pairs")
+        if stage == "predict":
+            self._splits["predict"] = (
+                PairListDataset(self.predict_pairs, self.image_size)
+                if self.predict_pairs
+                else self.split(self.predict_split)
+            )
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        # training items already carry one reference, drawn by _ReferencePicker
+        collate = _SkipNone(CaptionCollator(self.caption_tokenizer, self.max_caption_len, sample_reference=False))
+        sampler = None
+        if train:
+            rank, world = _rank_world(self.trainer)
+            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=self.shuffle_seed)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            collate_fn=collate,
+            persistent_workers=False,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        self._train = _ReferencePicker(self.split("train"), self.shuffle_seed)
+        self._train.set_epoch(_trainer_epoch(self.trainer))
+        return self._loader(self._train, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.split("val"), train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.split("test"), train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        if "predict" not in self._splits:
+            self.setup("predict")
+        return self._loader(self._splits["predict"], train=False)
+
+    def teardown(self, stage: str) -> None:
+        for split, ds in self._splits.items():
+            issues = getattr(ds, "issues", None)
+            if issues is not None and issues.skipped:
+                logger.warning("%s %s: %s", self.name, split, issues.summary())
+
+
+class PairListDataset(Dataset):
+    """Image pairs listed in a text file, for prediction: ``first.png second.png`` per line.
+
+    Paths are relative to the list file's folder; blank lines and ``#`` comments are skipped. A malformed line or a
+    missing image is an error naming the file and the line (prediction never drops a pair silently).
+
+    Items: ``{"id": "first.png|second.png", "image1", "image2", "captions": [""], "change_type": None}``.
+    """
+
+    def __init__(self, path: str | Path, image_size: int | None = 224) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"predict_pairs file not found: {self.path}")
+        self.transform = ImageTransform(image_size)
+        self.pairs: list[tuple[str, Path, Path]] = []
+        for line_no, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            fields = text.split()
+            if len(fields) != 2:
+                raise ValueError(f"{self.path}:{line_no}: expected two image paths, got {len(fields)} fields: {line!r}")
+            paths = [(self.path.parent / f) for f in fields]
+            for p in paths:
+                if not p.is_file():
+                    raise FileNotFoundError(f"{self.path}:{line_no}: image not found: {p}")
+            self.pairs.append((f"{fields[0]}|{fields[1]}", paths[0], paths[1]))
+        if not self.pairs:
+            raise ValueError(f"{self.path}: no image pairs listed")
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        key, p1, p2 = self.pairs[index]
+        try:
+            image1, image2 = self.transform.load(p1), self.transform.load(p2)
+        except (OSError, SyntaxError, ValueError) as err:
+            raise OSError(f"{self.path}: pair {key}: cannot read an image: {err}") from err
+        return {"id": key, "image1": image1, "image2": image2, "captions": [""], "change_type": None}
+
+
+def _swapped(item: dict[str, Any]) -> dict[str, Any]:
+    """The pair with its two images (and everything attached to each) exchanged."""
+    out = dict(item)
+    for a, b in (("image1", "image2"), ("verb1", "verb2"), ("desc1", "desc2"), ("noise1", "noise2"),
+                 ("codes1", "codes2")):  # fmt: skip
+        out[a], out[b] = item.get(b), item.get(a)
+    return out
+
+
+class _EvenStream(IterableDataset):
+    """Yields exactly ``per_reader`` samples from every reader of a :class:`CorpusDataset`, optionally swapped.
+
+    Every rank then runs the same number of steps (DDP would hang otherwise). A reader whose share runs short
+    (skipped bad samples, or an uneven split) starts its share again and the repeats are logged. Image-order
+    swapping (appendix B.3) is drawn here from ``(seed, epoch, reader)`` instead of the global RNG, so it does not
+    depend on workers or on resuming.
+    """
+
+    def __init__(self, dataset: CorpusDataset, per_reader: int, workers: int, swap_prob: float = 0.0) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.per_reader = per_reader
+        self.workers = max(workers, 1)
+        self.swap_prob = swap_prob
+
+    def __len__(self) -> int:
+        return self.per_reader * self.workers
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        n, repeats = 0, 0
+        reader, _ = self.dataset.reader()
+        rng = random.Random(f"swap-{self.dataset.seed}-{self.dataset.epoch}-{reader}")
+        while n < self.per_reader:
+            got = 0
+            for item in self.dataset:
+                yield _swapped(item) if self.swap_prob > 0 and rng.random() < self.swap_prob else item
+                n += 1
+                got += 1
+                if n >= self.per_reader:
+                    break
+            if got == 0:
+                reader, readers = self.dataset.reader()
+                raise RuntimeError(
+                    f"corpus reader {reader} of {readers} got no samples: use more shards than ranks x workers "
+                    "(or fewer DataLoader workers)"
+                )
+            if n < self.per_reader:
+                repeats += 1
+        if repeats:
+            info = get_worker_info()
+            logger.warning("corpus reader (worker %s) restarted its share %d time(s) to even out the ranks",
+                           info.id if info else 0, repeats)  # fmt: skip
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+
+class CorpusDataModule(NAMCDataModule):
+    """The pre-training corpus (JSONL manifest or tar shards, :mod:`namc.data.corpus`).
+
+    Args:
+        train: manifest (``.jsonl``), a shard, or a folder of shards.
+        val: an optional held-out corpus (validation losses, and NIM's noise AUROC when it carries noise labels).
+        batch_size: pairs per step and per process (the paper: 512 globally, appendix F).
+        num_workers: DataLoader worker processes per rank.
+        image_size: side of the square images (linked from the model).
+        tokenizer: ``"word"``, ``"clip_bpe"`` or a saved model's path (linked from the model).
+        min_freq: keep words seen at least this often (word vocabularies).
+        vocab_benchmarks: ``{benchmark name: root}`` whose training captions join the word vocabulary, so a model
+            pre-trained here can later be fine-tuned on them without unknown words.
+        max_text_len: most ids of one description half with [SOS]/[EOS] (the CLIP context; linked from the model).
+        max_caption_len: most ids of a whole description (linked from the model).
+        swap_prob: probability of exchanging the two images of a pair (the appendix B.3 ablation).
+        shuffle_buffer: samples held by each reader's shuffle buffer (shard order is permuted per epoch too).
+        shuffle_seed: seed of the shard permutation and the shuffle buffers.
+    """
+
+    def __init__(
+        self,
+        train: str = "data/corpus",
+        val: str | None = None,
+        batch_size: int = 64,
+        num_workers: int = 4,
+        image_size: int = 224,
+        tokenizer: str | None = None,
+        min_freq: int = 1,
+        vocab_benchmarks: dict[str, str] | None = None,
+        max_text_len: int = 77,
+        max_caption_len: int = 160,
+        swap_prob: float = 0.0,
+        shuffle_buffer: int = 1000,
+        shuffle_seed: int = 0,
+    ) -> None:
+        super().__init__(tokenizer, min_freq)
+        self.save_hyperparameters()
+        self.train_path = train
+        self.val_path = val
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.image_size = image_size
+        self.vocab_benchmarks = dict(vocab_benchmarks or {})
+        self.max_text_len = max_text_len
+        self.max_caption_len = max_caption_len
+        self.swap_prob = swap_prob
+        self.shuffle_buffer = shuffle_buffer
+        self.shuffle_seed = shuffle_seed
+        self._val: CorpusDataset | None = None
+
+    @staticmethod
+    def _check(path: str, what: str) -> None:
+        if not Path(path).exists():
+            raise FileNotFoundError(
+                f"pre-training corpus ({what}) not found at {path}: point data.init_args.{what} at a JSONL manifest or "
+                "a folder of shards (see namc.data.corpus; `namc data` builds them), or run `namc demo` for a shapes "
+                "world corpus"
+            )
+
+    def vocabulary_texts(self) -> Iterable[str]:
+        """Every training description (all shards, text only) and the named benchmarks' training captions."""
+        self._check(self.train_path, "train")
+        texts = [
+            it["description"] for it in CorpusDataset(self.train_path, None, rank=0, world_size=1, load_images=False)
+        ]
+        for name, root in self.vocab_benchmarks.items():
+            check_benchmark_root(name, root)
+            ds = build_benchmark(name, root, "train", None)
+            texts += [c for entry in ds.entries for c in entry[3]]
+        return texts
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self._check(self.train_path, "train")
+        if stage in ("fit", "validate") and self.val_path is not None:
+            self._check(self.val_path, "val")
+
+    def _collate(self) -> _SkipNone:
+        # swapping is done by _EvenStream (seeded); the collator's own swap would use the global RNG
+        return _SkipNone(PretrainCollator(self.caption_tokenizer, self.max_text_len, self.max_caption_len))
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = _rank_world(self.trainer)
+        base = CorpusDataset(
+            self.train_path, self.image_size, shuffle_buffer=self.shuffle_buffer, seed=self.shuffle_seed, rank=rank,
+            world_size=world,
+        )  # fmt: skip
+        readers = world * max(self.num_workers, 1)
+        per_reader = (base.count() // readers) // self.batch_size * self.batch_size
+        if per_reader == 0:
+            raise ValueError(
+                f"corpus {self.train_path} has {base.count()} pairs: too few for {readers} readers (ranks x workers) "
+                f"with batch_size {self.batch_size}"
+            )
+        self._train = _EvenStream(base, per_reader, self.num_workers, self.swap_prob)
+        self._train.set_epoch(_trainer_epoch(self.trainer))
+        return DataLoader(self._train, batch_size=self.batch_size, num_workers=self.num_workers,
+                          collate_fn=self._collate(), drop_last=True, persistent_workers=False)  # fmt: skip
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_path is None:
+            return []
+        rank, world = _rank_world(self.trainer)
+        self._val = CorpusDataset(self.val_path, self.image_size, rank=rank, world_size=world)
+        return DataLoader(self._val, batch_size=self.batch_size, num_workers=self.num_workers,
+                          collate_fn=self._collate())  # fmt: skip
+
+    def teardown(self, stage: str) -> None:
+        for ds in (self._train.dataset if self._train else None, self._val):
+            if ds is not None and ds.issues.skipped:  # this process's counts (workers included)
+                logger.warning("%s", ds.issues.summary())

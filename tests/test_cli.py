@@ -1,0 +1,158 @@
+"""The ``namc`` console script: LightningCLI configs, links, missing-file errors, describe and dispatching."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from namc.data.shapes import generate_benchmark, make_pair, render_scene
+from namc.lit.cli import NAMCCLI, link_tokenizer, main, model_settings
+from namc.models import create_model
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*/*.yaml"))
+TRAIN_CONFIGS = [p for p in CONFIGS if p.parent.name in ("pretrain", "finetune")]
+
+logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+
+
+def _print_config(capsys: pytest.CaptureFixture, *args: str) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("config", TRAIN_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_print_config_works_for_every_config(config: Path, capsys: pytest.CaptureFixture) -> None:
+    printed = _print_config(capsys, "--config", str(config))
+    source = yaml.safe_load(config.read_text())
+    assert printed["model"]["class_path"] == source["model"]["class_path"]
+    assert printed["data"]["class_path"] == source["data"]["class_path"]
+    assert printed["trainer"]["max_epochs"] == source["trainer"]["max_epochs"]
+    if config.parent.name == "finetune":  # appendix F
+        init = printed["model"]["init_args"]
+        assert (init["lr"], init["max_new_tokens"], init["num_beams"]) == (2e-4, 23, 1)
+        assert printed["data"]["init_args"]["batch_size"] == 128
+        assert (
+            printed["trainer"]["max_epochs"]
+            == {"clevr_change": 40, "clevr_dc": 40, "spot_the_diff": 10, "ier": 20}[config.stem]
+        )
+
+
+def test_print_config_takes_command_line_overrides(capsys: pytest.CaptureFixture) -> None:
+    config = REPO / "configs" / "finetune" / "spot_the_diff.yaml"
+    printed = _print_config(
+        capsys, "--config", str(config), "--trainer.max_epochs", "3", "--model.init_args.lr", "1e-3"
+    )
+    assert printed["trainer"]["max_epochs"] == 3 and printed["model"]["init_args"]["lr"] == 1e-3
+
+
+def test_links_follow_the_preset_and_the_pretrained_model(tmp_path: Path) -> None:
+    ns = type("NS", (), {})
+
+    def model(**init: object) -> object:
+        m = ns()
+        m.init_args = ns()
+        m.init_args.__dict__.update(init)
+        return m
+
+    assert model_settings(model(model="namc_base")).image_size == 224
+    assert link_tokenizer(model(model="namc_base")) == "clip_bpe"
+    assert link_tokenizer(model(model="namc_tiny", overrides={"image_size": 32})) == "word"
+    assert model_settings(model(model="namc_tiny", overrides={"image_size": 32})).image_size == 32
+    saved = create_model("namc_tiny", pretraining=False, image_size=32).save_pretrained(tmp_path / "m")
+    assert link_tokenizer(model(model="namc_base", pretrained=str(saved))) == str(saved)
+    assert model_settings(model(model="namc_base", pretrained=str(saved))).image_size == 32  # the saved config wins
+    # an unreadable pretrained path falls back to the preset (print_config must work before the files exist)
+    assert model_settings(model(model="namc_base", pretrained=str(tmp_path / "nope"))).image_size == 224
+
+
+def test_missing_benchmark_names_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = REPO / "configs" / "finetune" / "clevr_change.yaml"
+    cli = NAMCCLI(args=["--config", str(config), "--model.init_args.pretrained", "null"], run=False)
+    # the data folder is checked when the run sets the data up (print_config works before it exists)
+    with pytest.raises(
+        FileNotFoundError, match=r"CLEVR-Change not found at data/clevr_change.*RobustChangeCaptioning.*images"
+    ):
+        cli.datamodule.setup("fit")
+
+
+def test_missing_pretrained_model_names_the_pretraining_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"runs/pretrain_namc_base/model"):
+        NAMCCLI(args=["--config", str(REPO / "configs" / "finetune" / "ier.yaml")], run=False)
+
+
+def test_missing_weights_name_the_config_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    # jsonargparse reports a failing constructor as a ValueError that carries our message
+    with pytest.raises((FileNotFoundError, ValueError), match=r"overrides.clip_pretrained.*convert_openai_clip"):
+        NAMCCLI(args=["--config", str(REPO / "configs" / "pretrain" / "namc_base.yaml")], run=False)
+
+
+def test_describe_captions_two_image_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    torch.manual_seed(0)
+    model_dir = create_model("namc_tiny", pretraining=False).save_pretrained(tmp_path / "model")
+    pair = make_pair(0, 1)
+    render_scene(pair.before, 64).save(tmp_path / "a.png")
+    render_scene(pair.after, 64).save(tmp_path / "b.png")
+    assert main(["describe", str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--model", str(model_dir)]) == 0
+    caption = capsys.readouterr().out.strip()
+    assert caption and "[BOS]" not in caption and "[EOS]" not in caption
+    assert main(["describe", str(tmp_path / "a.png"), str(tmp_path / "zz.png"), "--model", str(model_dir)]) == 2
+    assert "image not found" in capsys.readouterr().err
+
+
+def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
+    bench = tmp_path / "bench"
+    generate_benchmark(bench, 10, image_size=32, seed=0, n_captions=2)
+    run = tmp_path / "run"
+    config = {
+        "seed_everything": 0,
+        "trainer": {"accelerator": "cpu", "max_epochs": 1, "default_root_dir": str(run), "enable_progress_bar": False,
+                    "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                               "init_args": {"save_dir": str(run), "name": "tb", "version": ""}},
+                    "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                   "init_args": {"dirpath": str(run / "ckpt"), "monitor": "val/cider", "mode": "max",
+                                                 "filename": "best"}},
+                                  {"class_path": "namc.lit.ExportModel"},
+                                  {"class_path": "namc.lit.CaptionWriter"}]},
+        "model": {"class_path": "namc.lit.FinetuneModule",
+                  "init_args": {"model": "namc_tiny", "overrides": {"image_size": 32, "dim": 32, "heads": 2}}},
+        "data": {"class_path": "namc.data.datamodules.BenchmarkDataModule",
+                 "init_args": {"name": "clevr_change", "root": str(bench), "batch_size": 8, "num_workers": 0}},
+    }  # fmt: skip
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["fit", "--config", str(path)]) == 0
+    assert (run / "ckpt" / "best.ckpt").is_file()
+    assert (run / "tb" / "config.yaml").is_file()  # LightningCLI saved the resolved config
+    assert (run / "tb" / "captions" / "val_epoch000.json").is_file()
+    model_dir = run / "tb" / "model"
+    assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
+    assert main(["test", "--config", str(path), "--ckpt_path", str(run / "ckpt" / "best.ckpt")]) == 0
+    assert (run / "tb" / "captions" / "test.json").is_file()
+    assert main(["predict", "--config", str(path), "--ckpt_path", str(run / "ckpt" / "best.ckpt")]) == 0
+    predictions = yaml.safe_load((run / "tb" / "predictions.json").read_text())
+    assert len(predictions) == 2 * 1 and all(
+        isinstance(v, str) for v in predictions.values()
+    )  # one test pair + distractor
+
+
+def test_dispatch_and_usage(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    assert main([]) == 2 and "demo" in capsys.readouterr().out
+    assert main(["--help"]) == 0
+    assert main(["frobnicate"]) == 2 and "unknown command" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["data", "--help"])
+    assert "shapes" in capsys.readouterr().out
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    assert main(["eval", str(bad), str(bad)]) == 2  # forwarded to namc.eval.captions.main
+    assert "malformed JSON" in capsys.readouterr().err

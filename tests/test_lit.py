@@ -1,0 +1,283 @@
+"""namc.lit: LightningModules on shapes-world data (fast_dev_run), checkpoints, resume, the AUROC and the schedule."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from namc.data.datamodules import BenchmarkDataModule, CorpusDataModule, PairListDataset
+from namc.data.shapes import generate_benchmark, generate_corpus, render_scene
+from namc.lit import CosineSchedule, ExportModel, FinetuneModule, PretrainModule, load_namc
+from namc.lit.analysis import auroc, noise_auroc, plot_relevance
+from namc.lit.checkpoints import read_model_config, resolve_tokenizer, same_tokenizer
+from namc.lit.distributed import all_gather_with_grad, gather_objects
+from namc.models.namc import NAMC
+
+warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+
+TINY = {"dropout": 0.0, "dim": 64}
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("shapes")
+    generate_corpus(root / "corpus", 24, image_size=64, seed=0, noise_rate=0.3)
+    generate_benchmark(root / "bench", 15, image_size=64, seed=0, n_captions=2)
+    return {"corpus": str(root / "corpus" / "manifest.jsonl"), "bench": str(root / "bench"), "root": root}
+
+
+def _corpus_dm(shapes: dict, **kw) -> CorpusDataModule:
+    args = dict(train=shapes["corpus"], val=shapes["corpus"], batch_size=8, num_workers=0, image_size=64,
+                max_text_len=48, max_caption_len=64, shuffle_buffer=8,
+                vocab_benchmarks={"clevr_change": shapes["bench"]})  # fmt: skip
+    return CorpusDataModule(**{**args, **kw})
+
+
+def _trainer(**kw) -> pl.Trainer:
+    # a fresh root, so nothing (captions, checkpoints) is written into the working directory
+    args = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                default_root_dir=tempfile.mkdtemp(prefix="namc-test-"))  # fmt: skip
+    return pl.Trainer(**{**args, **kw})
+
+
+# ------------------------------------------------------------------------------------------------ AUROC, schedule
+
+
+def test_auroc_hand_values() -> None:
+    assert auroc([0.9, 0.8, 0.2, 0.1], [1, 1, 0, 0]) == 1.0
+    assert auroc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert auroc([0.5, 0.5, 0.5], [1, 0, 0]) == 0.5  # ties count one half
+    # positives 0.35, 0.8 against negatives 0.1, 0.4: 3 of 4 pairs ordered correctly
+    assert auroc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
+    assert math.isnan(auroc([0.1, 0.2], [1, 1]))
+
+
+def test_auroc_is_the_pairwise_probability_with_ties() -> None:
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 6, (80,), generator=g).float()  # many ties
+    labels = torch.rand(80, generator=g) < 0.3
+    pos, neg = scores[labels], scores[~labels]
+    brute = ((pos[:, None] > neg[None]).double() + 0.5 * (pos[:, None] == neg[None]).double()).mean()
+    assert auroc(scores, labels) == pytest.approx(float(brute), abs=1e-12)
+
+
+def test_cosine_schedule_ends_at_the_minimum_ratio() -> None:
+    sched = CosineSchedule(total_steps=100, warmup_steps=10, min_ratio=0.1)  # NIM: 1e-4 -> 1e-5 (appendix F)
+    assert sched(0) == pytest.approx(0.1)  # first warm-up step
+    assert sched(9) == pytest.approx(1.0)
+    assert sched(10) == pytest.approx(1.0)
+    assert sched(55) == pytest.approx(0.55)  # half way down the cosine: (1 + 0.1) / 2
+    assert sched(100) == pytest.approx(0.1)
+    assert sched(1000) == pytest.approx(0.1)
+    assert CosineSchedule(10, 0, 1 / 3)(0) == 1.0  # MIR/FDG: 3e-4 -> 1e-4
+
+
+def test_collectives_without_distributed_are_identities() -> None:
+    x = torch.randn(3, 4, requires_grad=True)
+    assert all_gather_with_grad(x) is x
+    assert gather_objects({"a": 1}) == [{"a": 1}]
+
+
+# ------------------------------------------------------------------------------------------------ pre-training
+
+
+@pytest.fixture(scope="module")
+def pretrained_ckpt(shapes: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A fast_dev_run of the pre-training module; its checkpoint and metrics."""
+    pl.seed_everything(0)
+    dm = _corpus_dm(shapes)
+    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides=TINY, cache_codes=True)
+    trainer = _trainer(fast_dev_run=True)
+    trainer.fit(module, datamodule=dm)
+    path = tmp_path_factory.mktemp("pretrain") / "pretrain.ckpt"
+    trainer.save_checkpoint(path)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return {"path": path, "metrics": metrics, "module": module, "dm": dm}
+
+
+def test_pretrain_fast_dev_run_logs_every_loss(pretrained_ckpt: dict) -> None:
+    m = pretrained_ckpt["metrics"]
+    for key in ("train/loss", "train/nim", "train/mir", "train/fdg", "train/img_mask_frac", "train/txt_mask_frac",
+                "val/loss", "val/noise_auroc"):  # fmt: skip
+        assert key in m and math.isfinite(m[key]), key
+    assert m["train/loss"] == pytest.approx(m["train/nim"] + m["train/mir"] + m["train/fdg"], rel=1e-5)
+    assert 0.0 < m["train/img_mask_frac"] < 1.0
+    assert 0.0 <= m["val/noise_auroc"] <= 1.0
+
+
+def test_pretrain_switches_reach_the_model_config(shapes: dict) -> None:
+    dm = _corpus_dm(shapes)
+    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, use_nim=False, masking="random", p_img=0.3,
+                            p_txt=0.1, nim_loss="infonce", rec_loss="l2", denoised_image=False, denoised_text=False,
+                            overrides=TINY)  # fmt: skip
+    c = module.model.config
+    assert (c.use_nim, c.masking, c.p_img, c.p_txt, c.nim_loss, c.rec_loss) == (
+        False,
+        "random",
+        0.3,
+        0.1,
+        "infonce",
+        "l2",
+    )
+    assert (c.denoised_image, c.denoised_text, c.dim) == (False, False, 64)
+    assert module.hparams.p_img == 0.3 and "tokenizer" not in module.hparams
+    with pytest.raises(ValueError, match="init arguments"):
+        PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"p_img": 0.5})
+
+
+def test_word_vocabulary_covers_corpus_and_benchmark(shapes: dict, pretrained_ckpt: dict) -> None:
+    tok = pretrained_ckpt["dm"].caption_tokenizer
+    bench = BenchmarkDataModule("clevr_change", shapes["bench"], num_workers=0, image_size=64)
+    words = {w for text in bench.vocabulary_texts() for w in tok.split(text)}
+    assert words and all(w in tok.index for w in words)  # every training caption word
+    assert "difference" in tok.index and tok.unk_id not in tok.encode("the first image shows a cube")
+    lines = Path(shapes["corpus"]).read_text().splitlines()
+    corpus = {w for line in lines for w in tok.split(json.loads(line)["description"])}
+    held_out = {w for e in bench.split("val").entries + bench.split("test").entries for c in e[3] for w in tok.split(c)}
+    only_held_out = held_out - words - corpus
+    assert only_held_out and not only_held_out & set(tok.index)  # val/test captions never build the vocabulary
+
+
+def test_optimizer_groups_and_cosine_minimums(pretrained_ckpt: dict) -> None:
+    module = pretrained_ckpt["module"]
+    config = module.configure_optimizers()
+    opt, sched = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert [g["name"] for g in opt.param_groups] == ["nim", "mir_fdg"]
+    assert [g["lr"] for g in opt.param_groups] == [1e-4, 3e-4]  # appendix F
+    nim_ids = {id(p) for p in module.model.nim.parameters()}
+    assert all(id(p) in nim_ids for p in opt.param_groups[0]["params"])
+    assert [f(10**9) for f in sched.lr_lambdas] == pytest.approx([0.1, 1 / 3])  # 1e-5 and 1e-4 at the end
+
+
+def test_checkpoint_round_trip_and_export(pretrained_ckpt: dict, tmp_path) -> None:
+    module, path = pretrained_ckpt["module"], pretrained_ckpt["path"]
+    net = load_namc(path)
+    assert net.config == module.model.config
+    ref = module.model.state_dict()
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, ref[k]), k
+    assert same_tokenizer(resolve_tokenizer(path), module.tokenizer)
+    assert read_model_config(path).dim == 64
+    small = load_namc(path, pretraining=False)
+    assert small.nim is None and small.vqgan is None and small.mir.head is None
+    out = module.export(tmp_path / "model")
+    again = NAMC.from_pretrained(out)
+    assert read_model_config(out) == again.config
+    assert torch.equal(again.state_dict()["fdg.tok.weight"], ref["fdg.tok.weight"])
+
+
+def test_noise_auroc_and_relevance_figure(pretrained_ckpt: dict, tmp_path) -> None:
+    module, dm = pretrained_ckpt["module"], pretrained_ckpt["dm"]
+    dm.setup("fit")
+    batch = next(iter(dm.val_dataloader()))
+    result = noise_auroc(module.model, [batch])
+    assert result["noise_tokens"] > 0 and result["tokens"] > result["noise_tokens"]
+    assert 0.0 <= result["auroc"] <= 1.0
+    png = plot_relevance(module.model, batch, tmp_path / "rel.png", pairs=(0, 1))
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------------------------------------ fine-tuning
+
+
+def test_finetune_from_pretraining_checkpoint_fast_dev_run(shapes: dict, pretrained_ckpt: dict) -> None:
+    path = pretrained_ckpt["path"]
+    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
+                             tokenizer=str(path), max_caption_len=64)  # fmt: skip
+    module = FinetuneModule(pretrained=str(path), tokenizer=dm.caption_tokenizer, cache_grids=True)
+    assert module.model.nim is None and module.model.vqgan is None  # NIM dropped for fine-tuning
+    pre = pretrained_ckpt["module"].model.state_dict()
+    assert torch.equal(module.model.state_dict()["mir.fuse.weight"], pre["mir.fuse.weight"])
+    trainer = _trainer(fast_dev_run=True)
+    trainer.fit(module, datamodule=dm)
+    groups = trainer.optimizers[0].param_groups
+    assert [(g["name"], g["initial_lr"]) for g in groups] == [("mir_fdg", 2e-4)]  # appendix F
+    trainer.test(module, datamodule=dm, verbose=False)
+    scores = module.scores["test"]
+    assert scores["scale"] == "x100" and isinstance(scores["overall"]["CIDEr-D"], float)
+    assert "test/cider" in trainer.callback_metrics and "test/bleu4" in trainer.callback_metrics
+    assert set(scores["per_type"]) <= {"color", "material", "add", "drop", "move", "no_change"}
+    assert len(module._grids) > 0  # the frozen grids were memoised
+
+    pairs = shapes["root"] / "pairs.txt"
+    render_scene([], 64).save(shapes["root"] / "a.png")
+    pairs.write_text("# first second\na.png a.png\n")
+    assert len(PairListDataset(pairs, 64)) == 1
+    dm = BenchmarkDataModule("clevr_change", shapes["bench"], num_workers=0, image_size=64, tokenizer=str(path),
+                             predict_pairs=str(pairs))  # fmt: skip
+    predictions = trainer.predict(module, datamodule=dm)
+    assert predictions[0][0]["id"] == "a.png|a.png" and isinstance(predictions[0][0]["caption"], str)
+
+
+def test_finetune_refuses_a_foreign_tokenizer(shapes: dict, pretrained_ckpt: dict) -> None:
+    dm = BenchmarkDataModule("clevr_change", shapes["bench"], num_workers=0, image_size=64)
+    with pytest.raises(ValueError, match="tokenizer"):
+        FinetuneModule(pretrained=str(pretrained_ckpt["path"]), tokenizer=dm.caption_tokenizer)
+
+
+def test_pair_list_errors_name_file_and_line(tmp_path) -> None:
+    render_scene([], 64).save(tmp_path / "a.png")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a.png a.png\na.png\n")
+    with pytest.raises(ValueError, match=r"bad.txt:2"):
+        PairListDataset(bad)
+    missing = tmp_path / "missing.txt"
+    missing.write_text("a.png nope.png\n")
+    with pytest.raises(FileNotFoundError, match=r"missing.txt:1.*nope.png"):
+        PairListDataset(missing)
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+class _StopAfterFirstEpoch(pl.Callback):
+    """Simulates an interruption after the first epoch (its checkpoint is written)."""
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        trainer.should_stop = True
+
+
+def _pretrain_run(shapes: dict, ckpt_dir, stop: bool, ckpt_path=None) -> PretrainModule:
+    pl.seed_everything(0)
+    dm = _corpus_dm(shapes, val=None)
+    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"dim": 64, "dropout": 0.1},
+                            cache_codes=True, warmup_steps=1)  # fmt: skip
+    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, save_last=True), ExportModel(dirpath=str(ckpt_dir / "model"))]
+    if stop:
+        callbacks.append(_StopAfterFirstEpoch())
+    trainer = _trainer(max_epochs=2, limit_train_batches=2, callbacks=callbacks, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return module
+
+
+def test_resume_matches_an_uninterrupted_run(shapes: dict, tmp_path) -> None:
+    full = _pretrain_run(shapes, tmp_path / "full", stop=False)
+    first = _pretrain_run(shapes, tmp_path / "part", stop=True)
+    assert first.current_epoch == 1  # stopped after epoch 0
+    resumed = _pretrain_run(shapes, tmp_path / "resumed", stop=False, ckpt_path=tmp_path / "part" / "last.ckpt")
+    want = full.model.state_dict()
+    for k, v in resumed.model.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    diffs = [k for k, v in first.model.state_dict().items() if not torch.equal(v, want[k])]
+    assert diffs, "the second epoch must change the weights, or the comparison proves nothing"
+    exported = NAMC.from_pretrained(tmp_path / "resumed" / "model")
+    assert torch.equal(exported.state_dict()["mir.fuse.weight"], want["mir.fuse.weight"])
+
+
+def test_resume_with_a_different_vocabulary_fails(shapes: dict, pretrained_ckpt: dict) -> None:
+    dm = _corpus_dm(shapes, vocab_benchmarks={})  # a smaller vocabulary than the checkpoint's
+    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides=TINY)
+    ckpt = torch.load(pretrained_ckpt["path"], map_location="cpu", weights_only=True)
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        module.on_load_checkpoint(ckpt)
