@@ -26,7 +26,7 @@ warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
-TINY = {"dropout": 0.0, "dim": 64}
+TINY = {"dropout": 0.0, "dim": 32, "heads": 2}
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_pretrain_switches_reach_the_model_config(shapes: dict) -> None:
         "infonce",
         "l2",
     )
-    assert (c.denoised_image, c.denoised_text, c.dim) == (False, False, 64)
+    assert (c.denoised_image, c.denoised_text, c.dim) == (False, False, 32)
     assert module.hparams.p_img == 0.3 and "tokenizer" not in module.hparams
     with pytest.raises(ValueError, match="init arguments"):
         PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"p_img": 0.5})
@@ -168,7 +168,7 @@ def test_checkpoint_round_trip_and_export(pretrained_ckpt: dict, tmp_path) -> No
     for k, v in net.state_dict().items():
         assert torch.equal(v, ref[k]), k
     assert same_tokenizer(resolve_tokenizer(path), module.tokenizer)
-    assert read_model_config(path).dim == 64
+    assert read_model_config(path).dim == 32
     small = load_namc(path, pretraining=False)
     assert small.nim is None and small.vqgan is None and small.mir.head is None
     out = module.export(tmp_path / "model")
@@ -250,8 +250,8 @@ class _StopAfterFirstEpoch(pl.Callback):
 
 def _pretrain_run(shapes: dict, ckpt_dir, stop: bool, ckpt_path=None) -> PretrainModule:
     pl.seed_everything(0)
-    dm = _corpus_dm(shapes, val=None)
-    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"dim": 64, "dropout": 0.1},
+    dm = _corpus_dm(shapes, val=None, batch_size=4)
+    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={**TINY, "dropout": 0.1},
                             cache_codes=True, warmup_steps=1)  # fmt: skip
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, save_last=True), ExportModel(dirpath=str(ckpt_dir / "model"))]
     if stop:

@@ -64,6 +64,8 @@ def quiet_warnings() -> None:
     # the frozen ResNet grid and VQGAN stay in eval mode on purpose (their BatchNorm statistics must not change)
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # `namc` passes its arguments on to LightningCLI explicitly (main(argv) is also called from Python)
+    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
     # the corpus stream's __len__ is exact: every reader yields the same count (namc.data.datamodules._EvenStream)
     warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
     try:
@@ -113,10 +115,12 @@ def _saved_config(path: str, mtime: float) -> Any:
 
 
 def link_image_size(model: Any) -> int:
+    """The image side the model expects (``data.init_args.image_size``)."""
     return int(model_settings(model).image_size)
 
 
 def link_max_caption_len(model: Any) -> int:
+    """The most caption ids FDG can read (``data.init_args.max_caption_len``)."""
     return int(model_settings(model).max_caption_len)
 
 

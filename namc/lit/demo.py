@@ -38,7 +38,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Sizes and hyper-parameters of a demo run (see :data:`FULL` and :data:`FAST`)."""
+    """Sizes and hyper-parameters of a demo run (see :data:`FULL` and :data:`FAST`).
+
+    They differ from the paper's (appendix F) on purpose: the tiny model starts from random weights (no CLIP,
+    ImageNet or VQGAN weights can be had here) and must learn in minutes, so the learning rates are higher (1e-3,
+    decaying gently), the model narrower (D 32, 2 heads; the 2 + 2 layer structure is kept) and dropout off. With
+    fewer fine-tuning steps the randomly initialised captioner stays stuck on one caption; pre-training is what
+    gets it past that within the budget (the no-pre-training baseline shows it).
+    """
 
     corpus_pairs: int = 2000
     corpus_val_pairs: int = 200
@@ -46,19 +53,19 @@ class DemoSettings:
     image_size: int = 64
     noise_rate: float = 0.2
     captions_per_pair: int = 3
-    model_overrides: dict[str, Any] = field(default_factory=lambda: {"dim": 64, "dropout": 0.0})
-    pretrain_epochs: int = 5
+    model_overrides: dict[str, Any] = field(default_factory=lambda: {"dim": 32, "heads": 2, "dropout": 0.0})
+    pretrain_epochs: int = 20
     pretrain_batch: int = 32
     pretrain_lr_nim: float = 1e-3
     pretrain_min_lr_nim: float = 1e-4
     pretrain_lr: float = 1e-3
-    pretrain_min_lr: float = 1e-4
+    pretrain_min_lr: float = 5e-4
     nim_loss: str = "sdm"
-    finetune_epochs: int = 15
+    finetune_epochs: int = 12
     finetune_batch: int = 32
     finetune_lr: float = 1e-3
-    finetune_min_lr: float = 1e-4
-    val_every: int = 5
+    finetune_min_lr: float = 5e-4
+    val_every: int = 4
     examples: int = 5
 
 
@@ -67,9 +74,9 @@ FULL = DemoSettings()
 #: The smoke test (``--fast``): about a minute; the numbers mean nothing.
 FAST = replace(
     FULL,
-    corpus_pairs=64,
+    corpus_pairs=48,
     corpus_val_pairs=16,
-    benchmark_pairs=40,
+    benchmark_pairs=30,
     pretrain_epochs=1,
     pretrain_batch=16,
     finetune_epochs=1,
@@ -288,7 +295,6 @@ def run_demo(
     quiet_warnings()
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
-    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     s = settings or (FAST if fast else FULL)
     out = Path(out)
@@ -340,8 +346,8 @@ def run_demo(
     if test_path.is_file():
         rows = json.loads(test_path.read_text())["captions"]
         step = max(len(rows) // max(s.examples, 1), 1)
-        examples = [{"id": r["id"], "namc": r["prediction"], "references": r["references"]}
-                    for r in rows[::step][: s.examples]]  # fmt: skip
+        picked = [rows[min(i * step + i % 2, len(rows) - 1)] for i in range(min(s.examples, len(rows)))]
+        examples = [{"id": r["id"], "namc": r["prediction"], "references": r["references"]} for r in picked]
     report = {
         "settings": {**asdict(s), "fast": fast, "seed": seed, "torch_threads": torch.get_num_threads()},
         "data": {
