@@ -132,6 +132,8 @@ def test_pretrain_switches_reach_the_model_config(shapes: dict) -> None:
     )
     assert (c.denoised_image, c.denoised_text, c.dim) == (False, False, 32)
     assert module.hparams.p_img == 0.3 and "tokenizer" not in module.hparams
+    token = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, nim_token_loss=3.0, overrides=TINY)
+    assert token.model.config.nim_token_loss == 3.0 and token.model.nim.token_logit is not None
     with pytest.raises(ValueError, match="init arguments"):
         PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"p_img": 0.5})
 
@@ -218,6 +220,25 @@ def test_finetune_from_pretraining_checkpoint_fast_dev_run(shapes: dict, pretrai
                              predict_pairs=str(pairs))  # fmt: skip
     predictions = trainer.predict(module, datamodule=dm)
     assert predictions[0][0]["id"] == "a.png|a.png" and isinstance(predictions[0][0]["caption"], str)
+
+
+def test_finetune_can_train_the_grid_encoder(shapes: dict, pretrained_ckpt: dict) -> None:
+    path = str(pretrained_ckpt["path"])
+    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
+                             tokenizer=path, max_caption_len=64)  # fmt: skip
+    module = FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, grid_trainable=True)
+    assert module.model.config.grid_trainable and not module.model.grid.frozen
+    before = {k: v.clone() for k, v in module.model.grid.state_dict().items()}
+    trainer = _trainer(fast_dev_run=True)
+    trainer.fit(module, datamodule=dm)
+    grid_ids = {id(p) for p in module.model.grid.parameters()}
+    assert grid_ids <= {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
+    after = module.model.grid.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the grid encoder learned
+    with pytest.raises(ValueError, match="cache_grids"):
+        FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, grid_trainable=True, cache_grids=True)
+    frozen = FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer)
+    assert frozen.model.grid.frozen and not any(p.requires_grad for p in frozen.model.grid.parameters())
 
 
 def test_finetune_refuses_a_foreign_tokenizer(shapes: dict, pretrained_ckpt: dict) -> None:

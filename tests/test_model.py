@@ -301,3 +301,26 @@ def test_grid_trainable_option(tokenizer, batch):
     assert grid_params <= {id(p) for p in m.param_groups()["mir_fdg"]}
     m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))["loss"].backward()
     assert all(p.grad is not None for p in m.grid.parameters() if p.requires_grad)
+
+
+def test_nim_token_loss_trains_every_nim_parameter_and_keeps_masks(tokenizer, batch):
+    torch.manual_seed(0)
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, nim_token_loss=2.0)
+    plain = namc.create_model("namc_tiny", tokenizer=tokenizer)
+    assert m.nim.token_logit is not None and plain.nim.token_logit is None
+    out = m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+    out["loss"].backward()
+    assert m.nim.token_logit.grad is not None and m.nim.token_logit.grad.abs().sum() > 0
+    for name, p in m.nim.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    # the relevance computed once for the loss gives the masks noise_masks would draw itself
+    images = torch.cat([batch["image1"], batch["image2"]])
+    text = torch.cat([batch["desc1"], batch["desc2"]])
+    with torch.no_grad():
+        _, hi = m.nim.encode_image(images)
+        _, ht = m.nim.encode_text(text, tokenizer.eos_id)
+        rel = namc.ops.token_relevance(hi, ht, m._text_masks(text)[0])
+    a = m.noise_masks(images, text, torch.Generator().manual_seed(5), rel)
+    b = m.noise_masks(images, text, torch.Generator().manual_seed(5))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -152,3 +152,41 @@ def test_caption_ce_ignores_positions():
     expected = torch.nn.functional.cross_entropy(flat[keep], targets.reshape(-1)[keep])
     torch.testing.assert_close(ops.caption_ce(logits, targets), expected)
     assert ops.caption_ce(logits, torch.full((2, 3), -100)).item() == 0.0
+
+
+def test_token_sigmoid_loss_by_hand_and_ignores_invalid_words():
+    torch.manual_seed(0)
+    h_img, h_txt = torch.randn(2, 3, 4), torch.randn(2, 2, 4)
+    valid = torch.tensor([[True, True], [True, False]])
+    scale, bias = 5.0, -2.0
+    got = ops.token_sigmoid_loss(h_img, h_txt, valid, torch.tensor(scale), torch.tensor(bias))
+    cos = lambda a, b: float(torch.nn.functional.cosine_similarity(a, b, dim=0))  # noqa: E731
+    bce = lambda s, y: math.log1p(math.exp(-(scale * s + bias) if y else scale * s + bias))  # noqa: E731
+    words, patches = [], []
+    for i in range(2):
+        for j in range(2):
+            for w in range(2):
+                if valid[j, w]:
+                    words.append(bce(max(cos(h_img[i, n], h_txt[j, w]) for n in range(3)), i == j))
+            for n in range(3):
+                best = max(cos(h_img[i, n], h_txt[j, w]) for w in range(2) if valid[j, w])
+                patches.append(bce(best, i == j))
+    want = (sum(words) / len(words) + sum(patches) / len(patches)) / 2
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    changed = h_txt.clone()
+    changed[1, 1] = torch.randn(4)  # an invalid position changes nothing
+    again = ops.token_sigmoid_loss(h_img, changed, valid, torch.tensor(scale), torch.tensor(bias))
+    assert float(again) == pytest.approx(float(got), rel=1e-6)
+
+
+def test_token_sigmoid_loss_prefers_grounded_words():
+    # words that match a patch of their own image only score lower loss than words matching every image alike
+    eye = torch.eye(4)
+    h_img = eye[:, None, :].expand(4, 2, 4).clone()  # image i: two patches equal to e_i
+    grounded = eye[:, None, :].clone()  # text i: one word e_i
+    generic = torch.ones(4, 1, 4)  # text i: one word equally close to every image
+    valid = torch.ones(4, 1, dtype=torch.bool)
+    scale, bias = torch.tensor(10.0), torch.tensor(-5.0)
+    assert ops.token_sigmoid_loss(h_img, grounded, valid, scale, bias) < ops.token_sigmoid_loss(
+        h_img, generic, valid, scale, bias
+    )

@@ -131,7 +131,6 @@ def test_noise_labels_point_at_exactly_the_injected_words() -> None:
             words = desc.split()
             assert len(labels) == len(words)
             names = {o.name for o in scene}
-            pairs_in_image = {(o.color, o.shape) for o in scene}
             clean = [w for w, lab in zip(words, labels) if lab == 0]
             # every object named by the clean words is in this image ("a size color material shape")
             for k, w in enumerate(clean):
@@ -147,13 +146,15 @@ def test_noise_labels_point_at_exactly_the_injected_words() -> None:
                 while end < len(words) and labels[end] == 1:
                     end += 1
                 run = words[k:end]
-                if run[-1] in shapes:  # an absent object: "next to a small yellow rubber cylinder"
-                    assert run[-5] == "a" and run[-4] in sizes and run[-2] in materials
-                    assert (run[-3], run[-1]) not in pairs_in_image
+                if run[-1] in shapes:  # an object in a colour nothing in the image has: "near a yellow cylinder"
+                    assert len(run) == 4 and run[0] in {"near", "beside", "with", "and"} and run[1] == "a"
+                    assert run[2] in colors and run[2] not in {o.color for o in scene}
                 elif len(run) == 1:  # a false attribute inside an object's name, before its colour
                     assert run[0] not in sizes | colors | materials | shapes and words[end] in colors
                 else:  # scenery
                     assert run[0] in {"on", "under", "in", "beside", "near", "next"}
+                if len(run) > 1:  # a noise phrase comes before the real phrase it accompanies
+                    assert end < len(words) and labels[end] == 0
                 k = end
     assert n_noise / n_phrases == pytest.approx(0.3, abs=0.04)
 

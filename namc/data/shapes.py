@@ -26,8 +26,9 @@ Two writers:
   one per pair, naming the changed object and its context, e.g. ``"The difference between the two images is that
   the first image shows a small red metal cube left of a large gray rubber sphere, while the second image shows a
   small blue metal cube left of a large gray rubber sphere."`` A controlled fraction ``noise_rate`` of the phrases
-  are injected noise (an object absent from the image: ``"next to a yellow rubber cylinder"``; scenery:
-  ``"on a wooden table"``; or a false attribute word: ``"a small striped red metal cube"``), and word-level labels
+  are injected noise, placed before a real phrase (an object in a colour absent from the image: ``"near a yellow
+  cylinder"``; scenery: ``"on a wooden table"``; or a false attribute word inside a name: ``"a small striped red
+  metal cube"``), and word-level labels
   ``noise1``/``noise2`` (aligned to ``desc.split()``) mark exactly the injected words.
 
 Everything derives from ``(seed, stream, index)`` through its own ``random.Random``, so a pair's bytes do not
@@ -164,7 +165,7 @@ _SCENERY = (
     "in front of a mountain",
     "next to a tree",
 )
-_NEAR = ("next to", "near", "beside", "close to")
+_NEAR = ("near", "beside", "with", "and")
 _FALSE_ATTRIBUTES = ("striped", "glowing", "transparent", "wooden", "furry", "dotted", "cracked", "glass")
 
 
@@ -532,14 +533,9 @@ def _noise_phrase(rng: random.Random, scene: Sequence[ShapeObject], attribute_ok
     kind = rng.choice(("object", "scenery", "attribute"))
     if kind == "attribute" and not attribute_ok:
         kind = "scenery"
-    if kind == "object":
-        present = {(o.color, o.shape) for o in scene}
-        while True:
-            color, shape = rng.choice(list(COLORS)), rng.choice(SHAPES)
-            if (color, shape) not in present:
-                break
-        words = [*rng.choice(_NEAR).split(), "a", rng.choice(SIZES), color, rng.choice(MATERIALS), shape]
-        return kind, words
+    if kind == "object":  # a hallucinated object in a colour that nothing in this image has
+        absent = [c for c in COLORS if c not in {o.color for o in scene}]  # never empty: 8 colours, <= 6 objects
+        return kind, [rng.choice(_NEAR), "a", rng.choice(absent), rng.choice(SHAPES)]
     if kind == "scenery":
         return kind, rng.choice(_SCENERY).split()
     return kind, [rng.choice(_FALSE_ATTRIBUTES)]
@@ -548,25 +544,34 @@ def _noise_phrase(rng: random.Random, scene: Sequence[ShapeObject], attribute_ok
 def _inject(
     phrases: list[list[str]], scene: Sequence[ShapeObject], rng: random.Random, q: float, kinds: dict[str, int]
 ) -> tuple[list[str], list[int], int]:
-    """Joins a half's phrases, adding after each real phrase a noise phrase with probability ``q``."""
+    """Joins a half's phrases, adding to each real phrase a noise phrase with probability ``q``.
+
+    A noise phrase goes before the real phrase (``"in a grassy field a small green metal sphere"``), a false
+    attribute inside the object's name. Before, not after: NIM's text tower is causal, so a word's embedding carries
+    the words before it, and a hallucination that follows a real phrase inherits that phrase's relevance (a
+    randomly initialised NIM then rates the noise *more* relevant than the clean words, AUROC 0.40-0.47, against
+    0.65 with the noise first, in 600-1200 steps of token-level alignment).
+    """
     words: list[str] = []
     labels: list[int] = []
     n_noise = 0
     for phrase in phrases:
-        words.extend(phrase)
-        labels.extend([0] * len(phrase))
         if rng.random() < q:
             article = phrase.index("a") if "a" in phrase else -1  # "a {size} {color} ..." inside the phrase
             kind, noise = _noise_phrase(rng, scene, attribute_ok=article >= 0)
             kinds[kind] = kinds.get(kind, 0) + 1
             n_noise += 1
             if kind == "attribute":  # a false adjective inside the object's name, before its colour word
-                pos = len(words) - len(phrase) + article + 2
-                words.insert(pos, noise[0])
-                labels.insert(pos, 1)
-            else:
-                words.extend(noise)
-                labels.extend([1] * len(noise))
+                phrase_labels = [0] * len(phrase)
+                phrase = [*phrase[: article + 2], noise[0], *phrase[article + 2 :]]
+                phrase_labels.insert(article + 2, 1)
+                words.extend(phrase)
+                labels.extend(phrase_labels)
+                continue
+            words.extend(noise)
+            labels.extend([1] * len(noise))
+        words.extend(phrase)
+        labels.extend([0] * len(phrase))
     return words, labels, n_noise
 
 

@@ -45,6 +45,12 @@ class DemoSettings:
     decaying gently), the model narrower (D 32, 2 heads; the 2 + 2 layer structure is kept) and dropout off. With
     fewer fine-tuning steps the randomly initialised captioner stays stuck on one caption; pre-training is what
     gets it past that within the budget (the no-pre-training baseline shows it).
+
+    NIM adds a token-level alignment term (``nim_token_loss``, :func:`namc.ops.token_sigmoid_loss`) to the paper's
+    SDM loss: Eq. 1 relies on the word-patch alignment a pre-trained CLIP brings, and SDM alone (a loss on [EOS]
+    and [CLS] only) leaves a random NIM's per-word outputs untrained (noise AUROC 0.48, chance).
+    ``finetune_grid_trainable`` trains the random ResNet during fine-tuning (off: it made both fine-tuning runs
+    collapse onto one caption in a 12-epoch run, CIDEr-D 35 and 44).
     """
 
     corpus_pairs: int = 2000
@@ -61,10 +67,12 @@ class DemoSettings:
     pretrain_lr: float = 1e-3
     pretrain_min_lr: float = 5e-4
     nim_loss: str = "sdm"
+    nim_token_loss: float = 50.0
     finetune_epochs: int = 12
     finetune_batch: int = 32
     finetune_lr: float = 1e-3
     finetune_min_lr: float = 5e-4
+    finetune_grid_trainable: bool = False
     val_every: int = 4
     examples: int = 5
 
@@ -139,6 +147,7 @@ def demo_configs(
             "init_args": {
                 "model": "namc_tiny",
                 "nim_loss": s.nim_loss,
+                "nim_token_loss": s.nim_token_loss,
                 "overrides": dict(s.model_overrides),
                 "lr_nim": s.pretrain_lr_nim,
                 "min_lr_nim": s.pretrain_min_lr_nim,
@@ -169,7 +178,8 @@ def demo_configs(
                 "pretrained": str(runs / "pretrain" / "model"),
                 "lr": s.finetune_lr,
                 "min_lr": s.finetune_min_lr,
-                "cache_grids": True,
+                "grid_trainable": s.finetune_grid_trainable,
+                "cache_grids": not s.finetune_grid_trainable,
             },
         },
         "data": {

@@ -25,6 +25,7 @@ epoch-end checkpoint (``--ckpt_path``) therefore ends with the same weights as a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -210,6 +211,9 @@ class PretrainModule(NAMCModule):
         p_img: image masking ratio p_I (0.2, section 4.2.1).
         p_txt: text masking ratio p_T (0.15).
         nim_loss: ``"sdm"`` or ``"infonce"`` (Table 7).
+        nim_token_loss: weight of the token-level alignment term added to L_NIM
+            (:func:`namc.ops.token_sigmoid_loss`; not in the paper, 0 = off). For a NIM that starts from random
+            weights, which lacks the patch-word alignment a pre-trained CLIP brings (the CPU demo).
         rec_loss: ``"discrete"`` (VQGAN codes), ``"l1"`` or ``"l2"`` (Table 7).
         denoised_image: NIM aligns the masked image (Table 8).
         denoised_text: NIM aligns, and FDG generates, the masked description (Table 8).
@@ -236,6 +240,7 @@ class PretrainModule(NAMCModule):
         p_img: float = 0.2,
         p_txt: float = 0.15,
         nim_loss: str = "sdm",
+        nim_token_loss: float = 0.0,
         rec_loss: str = "discrete",
         denoised_image: bool = True,
         denoised_text: bool = True,
@@ -254,7 +259,8 @@ class PretrainModule(NAMCModule):
         self.save_hyperparameters(ignore=["tokenizer"])
         switches = dict(
             use_nim=use_nim, use_mir=use_mir, masking=masking, p_img=p_img, p_txt=p_txt, nim_loss=nim_loss,
-            rec_loss=rec_loss, denoised_image=denoised_image, denoised_text=denoised_text,
+            nim_token_loss=nim_token_loss, rec_loss=rec_loss, denoised_image=denoised_image,
+            denoised_text=denoised_text,
         )  # fmt: skip
         overrides = dict(overrides or {})
         clash = sorted(set(switches) & set(overrides))
@@ -359,6 +365,8 @@ class FinetuneModule(NAMCModule):
         num_beams: 1 = greedy (the paper).
         cache_grids: memoise the frozen ResNet grid of every image in memory (the paper pre-extracts them); for
             small datasets only.
+        grid_trainable: train the grid encoder too (None: as the model's config says; the paper keeps its
+            ImageNet ResNet frozen, a randomly initialised one, as in the CPU demo, is better trained).
         spice: try SPICE in the metrics (reported "unavailable" when its jars are missing).
         seed: base seed of the per-epoch reseeding (default: ``seed_everything``'s).
     """
@@ -376,6 +384,7 @@ class FinetuneModule(NAMCModule):
         max_new_tokens: int = 23,
         num_beams: int = 1,
         cache_grids: bool = False,
+        grid_trainable: bool | None = None,
         spice: bool = False,
         seed: int | None = None,
     ) -> None:
@@ -399,6 +408,11 @@ class FinetuneModule(NAMCModule):
             net = create_model(model, tokenizer=tokenizer, **{"pretraining": False, **overrides})
             if net.config.pretraining:
                 net.drop_pretraining_modules()
+        if grid_trainable is not None and grid_trainable != net.config.grid_trainable:
+            net.grid.set_frozen(not grid_trainable)
+            net.config = dataclasses.replace(net.config, grid_trainable=grid_trainable)
+        if cache_grids and net.config.grid_trainable:
+            raise ValueError("cache_grids memoises the grid encoder's output, which grid_trainable changes: pick one")
         self.model = net
         self._grids: dict[str, torch.Tensor] = {}
         self._outputs: dict[str, list[tuple[str, str, list[str], str | None]]] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from pathlib import Path
 
 import open_clip
@@ -50,9 +51,13 @@ class ClipDualEncoder(nn.Module):
         vocab_size: rows of the text token embedding, [MASK] included. CLIP's BPE has 49,408 ids; the extra
             [MASK] row is appended after the checkpoint loads and initialised to the mean embedding.
         pretrained: path of a CLIP state dict in open_clip layout, or None for random initialisation.
+        token_logit: add the learnable ``(log scale, bias)`` of :func:`namc.ops.token_sigmoid_loss` as
+            ``token_logit`` (initialised to scale 20, bias -10).
     """
 
-    def __init__(self, model_name: str, vocab_size: int, pretrained: str | None = None) -> None:
+    def __init__(
+        self, model_name: str, vocab_size: int, pretrained: str | None = None, token_logit: bool = False
+    ) -> None:
         super().__init__()
         cfg = open_clip.get_model_config(model_name)
         if cfg is None:
@@ -76,6 +81,7 @@ class ClipDualEncoder(nn.Module):
         width = visual.conv1.out_channels
         self.e_msk = nn.Parameter(torch.zeros(width))
         nn.init.normal_(self.e_msk, std=0.02)
+        self.token_logit = nn.Parameter(torch.tensor([math.log(20.0), -10.0])) if token_logit else None
         self.register_buffer("mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(CLIP_STD).view(1, 3, 1, 1), persistent=False)
         self.embed_dim = cfg["embed_dim"]

@@ -100,6 +100,12 @@ class GridEncoder(nn.Module):
             ignore_unexpected=lambda key: key.split(".", 1)[0] in pruned,
         )
 
+    def set_frozen(self, frozen: bool) -> GridEncoder:
+        """Freeze (no gradients, always eval) or unfreeze the encoder."""
+        self.frozen = frozen
+        self.requires_grad_(not frozen)
+        return self.train(self.training)
+
     def train(self, mode: bool = True) -> GridEncoder:
         """Set training mode; a frozen encoder stays in eval mode so its BatchNorm statistics never change."""
         return super().train(mode and not self.frozen)

@@ -58,6 +58,9 @@ class NAMCConfig:
     masking: str = "noise"  # "noise" (NM) or "random" (Fig. 3 ablation)
     nim_loss: str = "sdm"  # "sdm" (Jiang & Ye 2023) or "infonce" (Table 7)
     tau: float = 0.02
+    # weight of a token-level alignment term added to L_NIM (namc.ops.token_sigmoid_loss; not in the paper): a
+    # pre-trained CLIP already aligns patches and words, a randomly initialised NIM (the CPU demo) does not
+    nim_token_loss: float = 0.0
     use_nim: bool = True
     denoised_image: bool = True  # Table 8
     denoised_text: bool = True  # Table 8
@@ -141,7 +144,7 @@ class NAMC(nn.Module):
         self.vqgan: VQGANTokenizer | None = None
         text_dim = None
         if c.pretraining:
-            self.nim = ClipDualEncoder(c.clip_model, c.vocab_size, c.clip_pretrained)
+            self.nim = ClipDualEncoder(c.clip_model, c.vocab_size, c.clip_pretrained, token_logit=c.nim_token_loss > 0)
             self.vqgan = VQGANTokenizer(c.vqgan_ddconfig, c.vqgan_n_embed, c.vqgan_embed_dim, c.vqgan_pretrained)
             grids = {
                 "CLIP patches": self.nim.grid_size(c.image_size),
@@ -226,16 +229,21 @@ class NAMC(nn.Module):
         return ops.token_relevance(h_img, h_txt, words)
 
     def noise_masks(
-        self, images: torch.Tensor, text: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        images: torch.Tensor,
+        text: torch.Tensor,
+        generator: torch.Generator | None = None,
+        relevance: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """NIM output (section 3.2.1): image mask (B, N) and text mask (B, L), True = masked.
 
         Noise masking uses ``P = p + IR - mean(IR)``; ``masking="random"`` (or ``use_nim=False``) uses ``P = p``.
+        ``relevance`` passes ``(r_img, r_txt)`` already computed (otherwise :meth:`relevance` computes them).
         """
         c = self.config
         words, _ = self._text_masks(text)
         if c.masking == "noise" and c.use_nim:
-            r_img, r_txt = self.relevance(images, text)
+            r_img, r_txt = relevance if relevance is not None else self.relevance(images, text)
             p_img = ops.mask_probabilities(1 - r_img, c.p_img)
             p_txt = ops.mask_probabilities(1 - r_txt, c.p_txt, words)
         else:
@@ -283,18 +291,29 @@ class NAMC(nn.Module):
         images = torch.cat([batch["image1"], batch["image2"]])  # (2B, 3, H, W)
         text = torch.cat([batch["desc1"], batch["desc2"]])  # (2B, L)
         words, real = self._text_masks(text)
-        img_mask, txt_mask = self.noise_masks(images, text, generator)  # (2B, N), (2B, L)
-        text_msk = text.masked_fill(txt_mask, self.tokenizer.mask_id)
         eos_id = self.tokenizer.eos_id
         zero = images.new_zeros(())
+        loss_tok, relevance = zero, None
+        if c.use_nim and c.nim_token_loss > 0:  # token-level alignment on the unmasked inputs (not in the paper)
+            assert self.nim.token_logit is not None
+            _, h_img = self.nim.encode_image(images)  # (2B, N, E)
+            _, h_txt = self.nim.encode_text(text, eos_id)  # (2B, L, E)
+            scale, bias = self.nim.token_logit[0].exp(), self.nim.token_logit[1]
+            for half in (slice(None, B), slice(B, None)):  # a pair's two images look alike: pair them per half
+                loss_tok = loss_tok + ops.token_sigmoid_loss(h_img[half], h_txt[half], words[half], scale, bias)
+            loss_tok = c.nim_token_loss * loss_tok
+            with torch.no_grad():
+                relevance = ops.token_relevance(h_img, h_txt, words)
+        img_mask, txt_mask = self.noise_masks(images, text, generator, relevance)  # (2B, N), (2B, L)
+        text_msk = text.masked_fill(txt_mask, self.tokenizer.mask_id)
 
         # NIM: align denoised images with denoised descriptions (section 3.3, appendix E.1)
         text_in = text_msk if c.denoised_text else text
         txt_eos, txt_tok = self.nim.encode_text(text_in, eos_id)  # (2B, E), (2B, L, E)
-        loss_nim = zero
+        loss_nim = loss_tok
         if c.use_nim:
             img_cls, _ = self.nim.encode_image(images, img_mask if c.denoised_image else None)
-            loss_nim = self._nim_loss(img_cls[:B], txt_eos[:B], text[:B], gather)
+            loss_nim = loss_nim + self._nim_loss(img_cls[:B], txt_eos[:B], text[:B], gather)
             loss_nim = loss_nim + self._nim_loss(img_cls[B:], txt_eos[B:], text[B:], gather)
 
         # MIR: reconstruct masked grid positions as VQGAN codes (Eq. 18, masked positions only)

@@ -1,6 +1,13 @@
 """The paper's math as pure tensor functions: relevance (Eq. 1), noise masking, and the losses."""
 
-from namc.ops.losses import caption_ce, info_nce_loss, masked_regression_loss, masked_token_ce, sdm_loss
+from namc.ops.losses import (
+    caption_ce,
+    info_nce_loss,
+    masked_regression_loss,
+    masked_token_ce,
+    sdm_loss,
+    token_sigmoid_loss,
+)
 from namc.ops.masking import mask_probabilities, random_mask_probabilities, sample_mask
 from namc.ops.relevance import similarity_matrix, token_relevance
 
@@ -15,4 +22,5 @@ __all__ = [
     "sdm_loss",
     "similarity_matrix",
     "token_relevance",
+    "token_sigmoid_loss",
 ]

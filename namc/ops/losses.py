@@ -110,3 +110,51 @@ def caption_ce(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = 
     if not (targets != ignore_index).any():
         return logits.sum() * 0.0
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+
+
+def token_sigmoid_loss(
+    h_img: torch.Tensor,
+    h_txt: torch.Tensor,
+    txt_valid: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """Token-level sigmoid alignment of patches and words across a batch (not in the paper; see below).
+
+    For every image ``i`` and description ``j`` of the batch, each word of ``j`` is scored by its Eq. 1 relevance
+    to image ``i`` (the best cosine over ``i``'s patches), and each patch of ``i`` by its best cosine over ``j``'s
+    words. Every score is a binary logit ``scale * cos + bias`` whose label says whether ``i`` and ``j`` are a pair,
+    as in SigLIP (Zhai et al., 2023), but per token. A word that names something in its image learns a high
+    relevance there and a low one elsewhere; a word whose content is in no particular image (hallucinated objects,
+    scenery, filler) is best predicted by the base rate, i.e. pushed to low relevance everywhere. That is the
+    property Eq. 1 relies on in a pre-trained CLIP, which a randomly initialised NIM (the CPU demo) lacks.
+
+    Args:
+        h_img: (B, N, D) patch embeddings.
+        h_txt: (B, L, D) token embeddings.
+        txt_valid: (B, L) bool, True for real words.
+        scale: () positive logit scale.
+        bias: () logit bias.
+
+    Returns:
+        The mean over both directions of the per-token binary cross-entropy. Positives and negatives are not
+        re-balanced: the 1 : B - 1 base rate is what pushes words that match nothing in particular to low scores.
+    """
+    s = torch.einsum("ind,jld->ijnl", F.normalize(h_img, dim=-1), F.normalize(h_txt, dim=-1))  # (Bi, Bj, N, L)
+    valid = txt_valid[None, :, None, :]  # (1, Bj, 1, L)
+    word_scores = s.amax(dim=2)  # (Bi, Bj, L): each word's relevance to each image
+    patch_scores = s.masked_fill(~valid, float("-inf")).amax(dim=3)  # (Bi, Bj, N)
+    B = h_img.shape[0]
+    pos = torch.eye(B, dtype=torch.bool, device=h_img.device)  # (Bi, Bj)
+    has_words = txt_valid.any(dim=1)  # (Bj,)
+
+    def bce(scores: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        logits = scale * scores + bias
+        target = pos.to(logits.dtype).view(B, B, 1).expand_as(logits)
+        loss = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        return (loss * weight).sum() / weight.sum().clamp_min(1)
+
+    word_w = txt_valid[None].to(s.dtype).expand(B, B, -1)  # (Bi, Bj, L)
+    patch_w = has_words[None, :, None].to(s.dtype).expand_as(patch_scores)  # (Bi, Bj, N)
+    patch_scores = torch.where(patch_w > 0, patch_scores, torch.zeros_like(patch_scores))
+    return (bce(word_scores, word_w) + bce(patch_scores, patch_w)) / 2
