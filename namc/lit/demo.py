@@ -282,7 +282,7 @@ def _metrics(scores: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_demo(
-    out: str | Path = "runs/demo", fast: bool = False, seed: int = 0, workers: int | None = None,
+    out: str | Path = "runs/demo", *, fast: bool = False, seed: int = 0, workers: int | None = None,
     settings: DemoSettings | None = None, progress: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the demo and return its report (also written to ``<out>/report.json``).
@@ -448,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).setLevel(logging.WARNING)
     logger.setLevel(logging.INFO)
-    report = run_demo(args.out, args.fast, args.seed, args.workers, progress=args.verbose)
+    report = run_demo(args.out, fast=args.fast, seed=args.seed, workers=args.workers, progress=args.verbose)
     print(format_report(report))
     return 0
 
