@@ -285,6 +285,11 @@ class ClevrChange(BenchmarkDataset):
         self._finish(root, split)
 
 
+def _first_existing(root: Path, *names: str) -> Path | None:
+    """``root / name`` for the first of ``names`` that exists, else None."""
+    return next((root / n for n in names if (root / n).exists()), None)
+
+
 class ClevrDC(BenchmarkDataset):
     """CLEVR-DC: change pairs under drastic viewpoint changes, released or padded naming (see the module docstring).
 
@@ -304,15 +309,15 @@ class ClevrDC(BenchmarkDataset):
         super().__init__(image_size, on_error)
         root = Path(root)
         split = _normalise_split(split)
-        split_path = next((root / n for n in ("splits.json", "split.json") if (root / n).exists()), None)
+        split_path = _first_existing(root, "splits.json", "split.json")
         if split_path is None:
             raise FileNotFoundError(f"{root}: no splits.json or split.json")
         ids = _read_splits(split_path, split)
-        cap_path = next((root / n for n in ("change_captions.json", "captions.json") if (root / n).exists()), None)
+        cap_path = _first_existing(root, "change_captions.json", "captions.json")
         if cap_path is None:
             raise FileNotFoundError(f"{root}: no change_captions.json or captions.json")
         captions = _read_numbered_captions(cap_path)
-        type_path = next((root / n for n in ("type_mapping.json", "type_mapping_dc.json") if (root / n).exists()), None)
+        type_path = _first_existing(root, "type_mapping.json", "type_mapping_dc.json")
         types = _read_type_mapping(type_path) if type_path is not None else {}
         listing: dict[Path, set[str]] = {root / "images": _listdir(root / "images")}
         padded = any(re.fullmatch(r"\d{6}\.png", n) for n in listing[root / "images"])

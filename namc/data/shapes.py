@@ -556,22 +556,20 @@ def _inject(
     labels: list[int] = []
     n_noise = 0
     for phrase in phrases:
+        phrase_labels = [0] * len(phrase)
         if rng.random() < q:
             article = phrase.index("a") if "a" in phrase else -1  # "a {size} {color} ..." inside the phrase
             kind, noise = _noise_phrase(rng, scene, attribute_ok=article >= 0)
             kinds[kind] = kinds.get(kind, 0) + 1
             n_noise += 1
             if kind == "attribute":  # a false adjective inside the object's name, before its colour word
-                phrase_labels = [0] * len(phrase)
                 phrase = [*phrase[: article + 2], noise[0], *phrase[article + 2 :]]
                 phrase_labels.insert(article + 2, 1)
-                words.extend(phrase)
-                labels.extend(phrase_labels)
-                continue
-            words.extend(noise)
-            labels.extend([1] * len(noise))
+            else:
+                words.extend(noise)
+                labels.extend([1] * len(noise))
         words.extend(phrase)
-        labels.extend([0] * len(phrase))
+        labels.extend(phrase_labels)
     return words, labels, n_noise
 
 

@@ -64,9 +64,7 @@ class GridEncoder(nn.Module):
 
         if pretrained is not None:
             self.load_pretrained(pretrained, model_kwargs)
-        if frozen:
-            self.requires_grad_(False)
-            self.eval()
+        self.set_frozen(frozen)
 
     def load_pretrained(self, path: str | Path, model_kwargs: dict | None = None) -> None:
         """Load full-classifier ImageNet weights (torchvision or timm layout) into the cut backbone.

@@ -9,7 +9,7 @@ from namc.ops.losses import (
     token_sigmoid_loss,
 )
 from namc.ops.masking import mask_probabilities, random_mask_probabilities, sample_mask
-from namc.ops.relevance import similarity_matrix, token_relevance
+from namc.ops.relevance import relevance_from_similarity, similarity_matrix, token_relevance
 
 __all__ = [
     "caption_ce",
@@ -18,6 +18,7 @@ __all__ = [
     "masked_regression_loss",
     "masked_token_ce",
     "random_mask_probabilities",
+    "relevance_from_similarity",
     "sample_mask",
     "sdm_loss",
     "similarity_matrix",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from namc.ops.relevance import relevance_from_similarity
+
 
 def _kl_to_targets(logits: torch.Tensor, targets: torch.Tensor, eps: float) -> torch.Tensor:
     """Mean over rows of ``KL(softmax(logits) || targets)``."""
@@ -141,20 +143,14 @@ def token_sigmoid_loss(
         re-balanced: the 1 : B - 1 base rate is what pushes words that match nothing in particular to low scores.
     """
     s = torch.einsum("ind,jld->ijnl", F.normalize(h_img, dim=-1), F.normalize(h_txt, dim=-1))  # (Bi, Bj, N, L)
-    valid = txt_valid[None, :, None, :]  # (1, Bj, 1, L)
-    word_scores = s.amax(dim=2)  # (Bi, Bj, L): each word's relevance to each image
-    patch_scores = s.masked_fill(~valid, float("-inf")).amax(dim=3)  # (Bi, Bj, N)
+    patch_scores, word_scores = relevance_from_similarity(s, txt_valid[None])  # (Bi, Bj, N), (Bi, Bj, L)
     B = h_img.shape[0]
-    pos = torch.eye(B, dtype=torch.bool, device=h_img.device)  # (Bi, Bj)
-    has_words = txt_valid.any(dim=1)  # (Bj,)
+    target = torch.eye(B, dtype=s.dtype, device=s.device)[:, :, None]  # (Bi, Bj, 1): 1 for the pairs
 
     def bce(scores: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        logits = scale * scores + bias
-        target = pos.to(logits.dtype).view(B, B, 1).expand_as(logits)
-        loss = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        loss = F.binary_cross_entropy_with_logits(scale * scores + bias, target.expand_as(scores), reduction="none")
         return (loss * weight).sum() / weight.sum().clamp_min(1)
 
-    word_w = txt_valid[None].to(s.dtype).expand(B, B, -1)  # (Bi, Bj, L)
-    patch_w = has_words[None, :, None].to(s.dtype).expand_as(patch_scores)  # (Bi, Bj, N)
-    patch_scores = torch.where(patch_w > 0, patch_scores, torch.zeros_like(patch_scores))
+    word_w = txt_valid[None].to(s.dtype).expand_as(word_scores)  # (Bi, Bj, L)
+    patch_w = txt_valid.any(dim=1)[None, :, None].to(s.dtype).expand_as(patch_scores)  # (Bi, Bj, N): texts with words
     return (bce(word_scores, word_w) + bce(patch_scores, patch_w)) / 2

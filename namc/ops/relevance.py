@@ -39,9 +39,21 @@ def token_relevance(
         ``(r_img, r_txt)``: (B, N) ``R_I[m] = max_n S[m, n]`` and (B, L) ``R_T[n] = max_m S[m, n]``.
         A sample without any valid word gets ``r_img = 0``.
     """
-    s = similarity_matrix(h_img, h_txt)  # (B, N, L)
-    valid = txt_valid[:, None, :]  # (B, 1, L)
-    r_img = s.masked_fill(~valid, float("-inf")).amax(dim=2)  # (B, N)
+    return relevance_from_similarity(similarity_matrix(h_img, h_txt), txt_valid)
+
+
+def relevance_from_similarity(s: torch.Tensor, txt_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 1's row and column maxima of a similarity tensor ``S`` with any leading dimensions.
+
+    Args:
+        s: (..., N, L) patch-word cosine similarities.
+        txt_valid: (..., L) bool (broadcastable to ``s`` without its N dimension), True for real words.
+
+    Returns:
+        ``(r_img, r_txt)``: (..., N) best word of each patch (0 where no word is valid) and (..., L) best patch of
+        each word (0 at invalid words).
+    """
+    r_img = s.masked_fill(~txt_valid[..., None, :], float("-inf")).amax(dim=-1)  # (..., N)
     r_img = torch.where(torch.isfinite(r_img), r_img, torch.zeros_like(r_img))
-    r_txt = s.amax(dim=1).masked_fill(~txt_valid, 0.0)  # (B, L)
+    r_txt = s.amax(dim=-2).masked_fill(~txt_valid, 0.0)  # (..., L)
     return r_img, r_txt
