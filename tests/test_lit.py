@@ -132,8 +132,11 @@ def test_pretrain_switches_reach_the_model_config(shapes: dict) -> None:
     )
     assert (c.denoised_image, c.denoised_text, c.dim) == (False, False, 32)
     assert module.hparams.p_img == 0.3 and "tokenizer" not in module.hparams
-    token = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, nim_token_loss=3.0, overrides=TINY)
+    token = PretrainModule(
+        "namc_tiny", tokenizer=dm.caption_tokenizer, nim_token_loss=3.0, nim_token_ngram=None, overrides=TINY
+    )
     assert token.model.config.nim_token_loss == 3.0 and token.model.nim.token_logit is not None
+    assert token.model.config.nim_token_ngram is None
     with pytest.raises(ValueError, match="init arguments"):
         PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"p_img": 0.5})
 

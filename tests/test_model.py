@@ -324,3 +324,21 @@ def test_nim_token_loss_trains_every_nim_parameter_and_keeps_masks(tokenizer, ba
     a = m.noise_masks(images, text, torch.Generator().manual_seed(5), rel)
     b = m.noise_masks(images, text, torch.Generator().manual_seed(5))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_nim_token_ngram_switch_reaches_the_loss(tokenizer, batch):
+    torch.manual_seed(0)
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, nim_token_loss=1.0)
+    assert m.config.nim_token_ngram == 2
+    losses = {}
+    for n in (None, 1, 2):
+        m.config.nim_token_ngram = n
+        out = m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+        losses[n] = float(out["nim"])
+    assert len({round(v, 6) for v in losses.values()}) == 3, losses
+
+
+def test_wrong_image_size_is_named(model):
+    s = model.config.image_size
+    with pytest.raises(ValueError, match="image size"):
+        model.encode_pair(torch.rand(1, 3, 2 * s, 2 * s), torch.rand(1, 3, 2 * s, 2 * s))

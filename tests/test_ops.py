@@ -190,3 +190,49 @@ def test_token_sigmoid_loss_prefers_grounded_words():
     assert ops.token_sigmoid_loss(h_img, grounded, valid, scale, bias) < ops.token_sigmoid_loss(
         h_img, generic, valid, scale, bias
     )
+
+
+def test_ngram_presence_by_hand():
+    # 1 = [SOS], 2 = [EOS], 0 = padding; words: 5 "a", 6 "red", 7 "near", 8 "cube"
+    ids = torch.tensor([[1, 5, 6, 8, 2, 0], [1, 7, 5, 6, 8, 2], [1, 5, 8, 2, 0, 0]])
+    valid = ids > 2
+    uni = ops.ngram_presence(ids, valid, 1)
+    bi = ops.ngram_presence(ids, valid, 2)
+    assert uni.shape == bi.shape == (3, 3, 6)
+    for n, got in ((1, uni), (2, bi)):
+        for i in range(3):
+            grams_i = {tuple(ids[i, m - n + 1 : m + 1].tolist()) for m in range(6) if valid[i, m]}
+            for j in range(3):
+                for pos in range(6):
+                    want = bool(valid[j, pos]) and tuple(ids[j, pos - n + 1 : pos + 1].tolist()) in grams_i
+                    assert bool(got[i, j, pos]) == want, (n, i, j, pos)
+    assert bool(uni[0, 1, 2]) and not bool(bi[0, 1, 2])  # "a" occurs in 0, "near a" does not
+    assert bool(bi[0, 1, 3]) and bool(bi[2, 0, 1])  # "a red" in both; "[SOS] a" in both
+    assert bool(bi.diagonal(dim1=0, dim2=1).T[valid].all())  # the own description always has its n-grams
+    with pytest.raises(ValueError):
+        ops.ngram_presence(ids, valid, 0)
+
+
+def test_token_sigmoid_loss_ngram_labels_by_hand():
+    torch.manual_seed(1)
+    ids = torch.tensor([[1, 5, 6, 2], [1, 7, 5, 2]])
+    valid = ids > 2
+    h_img, h_txt = torch.randn(2, 3, 4), torch.randn(2, 4, 4)
+    scale, bias = 4.0, -1.0
+    got = ops.token_sigmoid_loss(h_img, h_txt, valid, torch.tensor(scale), torch.tensor(bias), ids=ids, ngram=1)
+    cos = lambda a, b: float(torch.nn.functional.cosine_similarity(a, b, dim=0))  # noqa: E731
+    bce = lambda s, y: math.log1p(math.exp(-(scale * s + bias) if y else scale * s + bias))  # noqa: E731
+    words, patches = [], []
+    for i in range(2):
+        for j in range(2):
+            real = [w for w in range(4) if valid[j, w]]
+            for w in real:  # label: the word occurs in description i
+                words.append(
+                    bce(max(cos(h_img[i, n], h_txt[j, w]) for n in range(3)), int(ids[j, w]) in ids[i, 1:3].tolist())
+                )
+            for n in range(3):
+                patches.append(bce(max(cos(h_img[i, n], h_txt[j, w]) for w in real), i == j))
+    want = (sum(words) / len(words) + sum(patches) / len(patches)) / 2
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    pair_labels = ops.token_sigmoid_loss(h_img, h_txt, valid, torch.tensor(scale), torch.tensor(bias))
+    assert float(pair_labels) != pytest.approx(float(got), rel=1e-3)  # "a" (5) is shared: the labels differ

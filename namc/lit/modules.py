@@ -214,6 +214,8 @@ class PretrainModule(NAMCModule):
         nim_token_loss: weight of the token-level alignment term added to L_NIM
             (:func:`namc.ops.token_sigmoid_loss`; not in the paper, 0 = off). For a NIM that starts from random
             weights, which lacks the patch-word alignment a pre-trained CLIP brings (the CPU demo).
+        nim_token_ngram: its word labels: whether the image's own description has the same n-gram ending there
+            (2: the word and the one before it), or None: whether image and description are a pair.
         rec_loss: ``"discrete"`` (VQGAN codes), ``"l1"`` or ``"l2"`` (Table 7).
         denoised_image: NIM aligns the masked image (Table 8).
         denoised_text: NIM aligns, and FDG generates, the masked description (Table 8).
@@ -241,6 +243,7 @@ class PretrainModule(NAMCModule):
         p_txt: float = 0.15,
         nim_loss: str = "sdm",
         nim_token_loss: float = 0.0,
+        nim_token_ngram: int | None = 2,
         rec_loss: str = "discrete",
         denoised_image: bool = True,
         denoised_text: bool = True,
@@ -259,8 +262,8 @@ class PretrainModule(NAMCModule):
         self.save_hyperparameters(ignore=["tokenizer"])
         switches = dict(
             use_nim=use_nim, use_mir=use_mir, masking=masking, p_img=p_img, p_txt=p_txt, nim_loss=nim_loss,
-            nim_token_loss=nim_token_loss, rec_loss=rec_loss, denoised_image=denoised_image,
-            denoised_text=denoised_text,
+            nim_token_loss=nim_token_loss, nim_token_ngram=nim_token_ngram, rec_loss=rec_loss,
+            denoised_image=denoised_image, denoised_text=denoised_text,
         )  # fmt: skip
         overrides = dict(overrides or {})
         clash = sorted(set(switches) & set(overrides))

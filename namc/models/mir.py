@@ -76,6 +76,11 @@ class MIR(nn.Module):
         Returns:
             (B, N, D) embedding ``\\hat X^M``.
         """
+        if grid.shape[1:] != (self.pos.shape[0], self.proj.in_features):
+            raise ValueError(
+                f"MIR expects grid features of shape (B, {self.pos.shape[0]}, {self.proj.in_features}), got "
+                f"{tuple(grid.shape)}: are the images at the model's image size (model.config.image_size)?"
+            )
         if mask is not None:
             w = mask.unsqueeze(-1).type_as(grid)  # (B, N, 1)
             grid = grid * (1 - w) + self.e_m.to(grid.dtype) * w

@@ -61,6 +61,8 @@ class NAMCConfig:
     # weight of a token-level alignment term added to L_NIM (namc.ops.token_sigmoid_loss; not in the paper): a
     # pre-trained CLIP already aligns patches and words, a randomly initialised NIM (the CPU demo) does not
     nim_token_loss: float = 0.0
+    # labels of its words: n-gram presence in the image's own description (see token_sigmoid_loss); None: pairs
+    nim_token_ngram: int | None = 2
     use_nim: bool = True
     denoised_image: bool = True  # Table 8
     denoised_text: bool = True  # Table 8
@@ -300,7 +302,10 @@ class NAMC(nn.Module):
             _, h_txt = self.nim.encode_text(text, eos_id)  # (2B, L, E)
             scale, bias = self.nim.token_logit[0].exp(), self.nim.token_logit[1]
             for half in (slice(None, B), slice(B, None)):  # a pair's two images look alike: pair them per half
-                loss_tok = loss_tok + ops.token_sigmoid_loss(h_img[half], h_txt[half], words[half], scale, bias)
+                ids = None if c.nim_token_ngram is None else text[half]
+                loss_tok = loss_tok + ops.token_sigmoid_loss(
+                    h_img[half], h_txt[half], words[half], scale, bias, ids, c.nim_token_ngram or 1
+                )
             loss_tok = c.nim_token_loss * loss_tok
             with torch.no_grad():
                 relevance = ops.token_relevance(h_img, h_txt, words)

@@ -5,6 +5,7 @@ from namc.ops.losses import (
     info_nce_loss,
     masked_regression_loss,
     masked_token_ce,
+    ngram_presence,
     sdm_loss,
     token_sigmoid_loss,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "mask_probabilities",
     "masked_regression_loss",
     "masked_token_ce",
+    "ngram_presence",
     "random_mask_probabilities",
     "relevance_from_similarity",
     "sample_mask",

@@ -114,22 +114,58 @@ def caption_ce(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = 
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 
 
+def ngram_presence(ids: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
+    """Whether each word of each description also occurs, with the same ``n - 1`` tokens before it, in another.
+
+    Args:
+        ids: (B, L) token ids (a [SOS] at position 0 is context for the first word).
+        valid: (B, L) bool, True for real words.
+        n: n-gram length (1: the word alone; 2: the word and the token before it).
+
+    Returns:
+        (Bi, Bj, L) bool: ``[i, j, l]`` is True where word ``l`` of description ``j`` ends an n-gram that also ends
+        at a real word of description ``i`` (always True for ``i == j`` at real words).
+    """
+    if n < 1:
+        raise ValueError(f"n-gram length must be at least 1, got {n}")
+    # same[i, j, l, m]: position l of j and position m of i hold the same n-gram, m a real word of i
+    same = (ids[None, :, :, None] == ids[:, None, None, :]) & valid[:, None, None, :]  # (Bi, Bj, L, L)
+    for k in range(1, n):
+        before = F.pad(ids, (k, 0), value=-1)[:, :-k]  # (B, L): the token k positions earlier (-1 before the start)
+        same &= before[None, :, :, None] == before[:, None, None, :]
+    return same.any(dim=-1) & valid[None]
+
+
 def token_sigmoid_loss(
     h_img: torch.Tensor,
     h_txt: torch.Tensor,
     txt_valid: torch.Tensor,
     scale: torch.Tensor,
     bias: torch.Tensor,
+    ids: torch.Tensor | None = None,
+    ngram: int = 2,
 ) -> torch.Tensor:
     """Token-level sigmoid alignment of patches and words across a batch (not in the paper; see below).
 
-    For every image ``i`` and description ``j`` of the batch, each word of ``j`` is scored by its Eq. 1 relevance
-    to image ``i`` (the best cosine over ``i``'s patches), and each patch of ``i`` by its best cosine over ``j``'s
-    words. Every score is a binary logit ``scale * cos + bias`` whose label says whether ``i`` and ``j`` are a pair,
-    as in SigLIP (Zhai et al., 2023), but per token. A word that names something in its image learns a high
-    relevance there and a low one elsewhere; a word whose content is in no particular image (hallucinated objects,
-    scenery, filler) is best predicted by the base rate, i.e. pushed to low relevance everywhere. That is the
-    property Eq. 1 relies on in a pre-trained CLIP, which a randomly initialised NIM (the CPU demo) lacks.
+    For every image ``i`` and description ``j`` of the batch (description ``i`` is image ``i``'s), each word of
+    ``j`` is scored by its Eq. 1 relevance to image ``i`` (the best cosine over ``i``'s patches), and each patch of
+    ``i`` by its best cosine over ``j``'s words. Every score is a binary logit ``scale * cos + bias``, as in SigLIP
+    (Zhai et al., 2023) but per token. The labels:
+
+    - patches: whether ``i`` and ``j`` are a pair;
+    - words, without ``ids``: whether ``i`` and ``j`` are a pair. A word that names something in its image learns a
+      high relevance there; a word whose content is in no particular image is pushed to the base rate. So are words
+      that are true of most images ("a", "small"), which then look as irrelevant as noise;
+    - words, with ``ids``: whether image ``i``'s description uses the same n-gram (the word and the ``ngram - 1``
+      tokens before it, :func:`ngram_presence`). The score then estimates whether a description of image ``i``
+      would say this word here: words true of most images ("a small") score high everywhere, words tied to
+      what an image shows ("a red") score high where it shows it, and words that descriptions use at random
+      (hallucinations, whose n-grams recur only by chance) score low. The context makes the same word in a
+      hallucinated phrase ("near a") and in a real one ("of a") two targets, which a causal text tower can tell
+      apart. The own pair is always a positive, noise included: the labels are as noisy as the corpus.
+
+    Eq. 1 relies on the word-patch alignment of a pre-trained CLIP; this term gives it to a randomly initialised
+    NIM (the CPU demo).
 
     Args:
         h_img: (B, N, D) patch embeddings.
@@ -137,20 +173,24 @@ def token_sigmoid_loss(
         txt_valid: (B, L) bool, True for real words.
         scale: () positive logit scale.
         bias: () logit bias.
+        ids: (B, L) token ids of the descriptions, for n-gram labels on the words; None for pair labels.
+        ngram: n-gram length of the word labels (with ``ids``).
 
     Returns:
         The mean over both directions of the per-token binary cross-entropy. Positives and negatives are not
-        re-balanced: the 1 : B - 1 base rate is what pushes words that match nothing in particular to low scores.
+        re-balanced: the base rate is what pushes words that match nothing in particular to low scores.
     """
     s = torch.einsum("ind,jld->ijnl", F.normalize(h_img, dim=-1), F.normalize(h_txt, dim=-1))  # (Bi, Bj, N, L)
     patch_scores, word_scores = relevance_from_similarity(s, txt_valid[None])  # (Bi, Bj, N), (Bi, Bj, L)
     B = h_img.shape[0]
-    target = torch.eye(B, dtype=s.dtype, device=s.device)[:, :, None]  # (Bi, Bj, 1): 1 for the pairs
+    pairs = torch.eye(B, dtype=s.dtype, device=s.device)[:, :, None]  # (Bi, Bj, 1): 1 for the pairs
+    word_target = pairs if ids is None else ngram_presence(ids, txt_valid, ngram).to(s.dtype)  # (Bi, Bj, 1 or L)
 
-    def bce(scores: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        loss = F.binary_cross_entropy_with_logits(scale * scores + bias, target.expand_as(scores), reduction="none")
+    def bce(scores: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        logits = scale * scores + bias
+        loss = F.binary_cross_entropy_with_logits(logits, target.expand_as(scores), reduction="none")
         return (loss * weight).sum() / weight.sum().clamp_min(1)
 
     word_w = txt_valid[None].to(s.dtype).expand_as(word_scores)  # (Bi, Bj, L)
     patch_w = txt_valid.any(dim=1)[None, :, None].to(s.dtype).expand_as(patch_scores)  # (Bi, Bj, N): texts with words
-    return (bce(word_scores, word_w) + bce(patch_scores, patch_w)) / 2
+    return (bce(word_scores, word_target, word_w) + bce(patch_scores, pairs, patch_w)) / 2
