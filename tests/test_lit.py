@@ -305,3 +305,29 @@ def test_resume_with_a_different_vocabulary_fails(shapes: dict, pretrained_ckpt:
     ckpt = torch.load(pretrained_ckpt["path"], map_location="cpu", weights_only=True)
     with pytest.raises(ValueError, match="tokenizer differs"):
         module.on_load_checkpoint(ckpt)
+
+
+def test_pretrain_caches_give_the_uncached_step(shapes: dict) -> None:
+    dm = _corpus_dm(shapes)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    torch.manual_seed(0)
+    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides=TINY, cache_codes=True,
+                            cache_grids=True)  # fmt: skip
+    model = module.model.eval()
+    cached = module._with_cache(batch)
+    assert len(module._grids) == len(module._codes) == 2 * len(batch["ids"])
+    with torch.no_grad():
+        assert torch.equal(cached["grid1"], model.grid(batch["image1"]))
+        assert torch.equal(cached["codes2"], model.vqgan(batch["image2"]))
+        module._grids[f"{batch['ids'][0]}\x001"] += 1.0  # a second call reads the cache, not the encoder
+        again = module._with_cache(batch)
+        assert torch.equal(again["grid1"][0], cached["grid1"][0] + 1.0)
+        module._grids[f"{batch['ids'][0]}\x001"] -= 1.0
+        with_cache = model.pretrain_step(module._with_cache(batch), torch.Generator().manual_seed(3))
+        without = model.pretrain_step(batch, torch.Generator().manual_seed(3))
+    for key in ("nim", "mir", "fdg"):
+        assert float(with_cache[key]) == pytest.approx(float(without[key]), rel=1e-5), key
+    with pytest.raises(ValueError, match="cache_grids"):
+        PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={**TINY, "grid_trainable": True},
+                       cache_grids=True)  # fmt: skip

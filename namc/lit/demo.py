@@ -66,7 +66,7 @@ class DemoSettings:
     noise_rate: float = 0.2
     captions_per_pair: int = 3
     model_overrides: dict[str, Any] = field(default_factory=lambda: {"dim": 32, "heads": 2, "dropout": 0.0})
-    pretrain_epochs: int = 12
+    pretrain_epochs: int = 16
     pretrain_batch: int = 32
     pretrain_lr_nim: float = 1e-3
     pretrain_min_lr_nim: float = 1e-4
@@ -162,6 +162,7 @@ def demo_configs(
                 "lr": s.pretrain_lr,
                 "min_lr": s.pretrain_min_lr,
                 "cache_codes": True,
+                "cache_grids": True,
             },
         },
         "data": {

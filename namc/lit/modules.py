@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,29 @@ _METRIC_LOG_NAMES = {
     "CIDEr-D": "cider",
     "SPICE": "spice",
 }
+
+
+def _memoised(
+    cache: dict[str, torch.Tensor],
+    keys: list[str],
+    compute: Callable[[torch.Tensor], torch.Tensor],
+    inputs: torch.Tensor,
+) -> torch.Tensor:
+    """``cache[key]`` stacked for ``keys``, on the device of ``inputs``; the missing ones computed once.
+
+    Args:
+        cache: key -> value (kept on the CPU).
+        keys: (B,) keys of the batch.
+        compute: (M, ...) inputs -> (M, ...) values, run without gradient on the inputs of the missing keys.
+        inputs: (B, ...) inputs of the batch.
+    """
+    missing = [i for i, key in enumerate(keys) if key not in cache]
+    if missing:
+        with torch.no_grad():
+            values = compute(inputs[torch.tensor(missing, device=inputs.device)]).cpu()
+        for j, i in enumerate(missing):
+            cache[keys[i]] = values[j]
+    return torch.stack([cache[key] for key in keys]).to(inputs.device)
 
 
 class CosineSchedule:
@@ -229,6 +253,9 @@ class PretrainModule(NAMCModule):
         gather_negatives: under DDP, contrast against the negatives of every rank (the global batch).
         cache_codes: memoise the frozen VQGAN's codes per pair id in memory (small corpora whose shards carry no
             precomputed codes; needs ``swap_prob = 0``).
+        cache_grids: memoise the frozen ResNet grid of every image per pair id in memory (the paper pre-extracts
+            them; N x C floats per image, e.g. 64 x 128 for ``namc_tiny``; small corpora only; needs
+            ``swap_prob = 0`` and a frozen grid encoder).
         seed: base seed of the masks and of the per-epoch reseeding (default: ``seed_everything``'s).
     """
 
@@ -256,6 +283,7 @@ class PretrainModule(NAMCModule):
         weight_decay: float = 0.0,
         gather_negatives: bool = True,
         cache_codes: bool = False,
+        cache_grids: bool = False,
         seed: int | None = None,
     ) -> None:
         super().__init__(seed)
@@ -273,43 +301,44 @@ class PretrainModule(NAMCModule):
             raise ValueError("pre-training needs pretraining=True")
         _check_part_files(overrides)
         self.model = create_model(model, tokenizer=tokenizer, **switches, **overrides)
-        self._codes: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if cache_grids and self.model.config.grid_trainable:
+            raise ValueError("cache_grids memoises the grid encoder's output, which grid_trainable changes: pick one")
+        self._codes: dict[str, torch.Tensor] = {}
+        self._grids: dict[str, torch.Tensor] = {}
         self._val_scores: list[torch.Tensor] = []
         self._val_labels: list[torch.Tensor] = []
 
     def setup(self, stage: str) -> None:
         dm = self._datamodule()
-        if self.hparams.cache_codes and getattr(dm, "swap_prob", 0.0) > 0:
-            raise ValueError("cache_codes memoises codes per pair id, which image swapping breaks: set swap_prob: 0")
+        h = self.hparams
+        if (h.cache_codes or h.cache_grids) and getattr(dm, "swap_prob", 0.0) > 0:
+            raise ValueError(
+                "cache_codes / cache_grids memoise per pair id, which image swapping breaks: set swap_prob: 0"
+            )
 
     def _generator(self, batch_idx: int, stage: int) -> torch.Generator:
         g = torch.Generator(device=self.device)
         g.manual_seed(_mix(self.seed, stage, self.current_epoch, batch_idx, self.global_rank))
         return g
 
-    def _with_codes(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Add memoised VQGAN codes (computing the missing ones once) when ``cache_codes`` is on."""
-        if not self.hparams.cache_codes or "codes1" in batch or not self.model.config.use_mir:
-            return batch
-        if self.model.config.rec_loss != "discrete":
-            return batch
-        ids = batch["ids"]
-        missing = [i for i, key in enumerate(ids) if key not in self._codes]
-        if missing:
-            index = torch.tensor(missing, device=self.device)
-            images = torch.cat([batch["image1"][index], batch["image2"][index]])  # (2M, 3, H, W)
-            codes = self.model.vqgan(images).to(torch.int32).cpu()  # (2M, N)
-            M = len(missing)
-            for j, i in enumerate(missing):
-                self._codes[ids[i]] = (codes[j], codes[M + j])
-        codes1 = torch.stack([self._codes[k][0] for k in ids]).to(self.device, torch.long)  # (B, N)
-        codes2 = torch.stack([self._codes[k][1] for k in ids]).to(self.device, torch.long)
-        return {**batch, "codes1": codes1, "codes2": codes2}
+    def _with_cache(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Add memoised VQGAN codes and grids (the missing ones computed once) when ``cache_codes`` /
+        ``cache_grids`` are on."""
+        h, c = self.hparams, self.model.config
+        extra: dict[str, torch.Tensor] = {}
+        for slot in ("1", "2"):
+            keys = [f"{k}\x00{slot}" for k in batch["ids"]]
+            images = batch["image" + slot]
+            if h.cache_codes and c.use_mir and c.rec_loss == "discrete" and batch.get("codes" + slot) is None:
+                extra["codes" + slot] = _memoised(self._codes, keys, self.model.vqgan, images).long()  # (B, N)
+            if h.cache_grids and batch.get("grid" + slot) is None:
+                extra["grid" + slot] = _memoised(self._grids, keys, self.model.grid, images)  # (B, N, C)
+        return {**batch, **extra}
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         """One pre-training step; returns ``loss`` and the detached parts (``outputs`` of ``on_train_batch_end``)."""
         gather = all_gather_with_grad if (self.hparams.gather_negatives and distributed_ready()) else None
-        out = self.model.pretrain_step(self._with_codes(batch), self._generator(batch_idx, 0), gather)
+        out = self.model.pretrain_step(self._with_cache(batch), self._generator(batch_idx, 0), gather)
         B = batch["image1"].shape[0]
         self.log("train/loss", out["loss"].detach(), prog_bar=True, batch_size=B)
         for key in ("nim", "mir", "fdg", "img_mask_frac", "txt_mask_frac"):
@@ -317,7 +346,7 @@ class PretrainModule(NAMCModule):
         return out
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        out = self.model.pretrain_step(self._with_codes(batch), self._generator(batch_idx, 1), None)
+        out = self.model.pretrain_step(self._with_cache(batch), self._generator(batch_idx, 1), None)
         B = batch["image1"].shape[0]
         for key in ("loss", "nim", "mir", "fdg"):
             self.log(f"val/{key}", out[key], batch_size=B, sync_dist=True, prog_bar=key == "loss")
@@ -427,19 +456,11 @@ class FinetuneModule(NAMCModule):
         """Memoised (B, N, C) grids of both images when ``cache_grids`` is on, else (None, None)."""
         if not self.hparams.cache_grids:
             return None, None
-        ids = batch["ids"]
-        out = []
+        grids = []
         for slot in ("1", "2"):
-            keys = [f"{k}\x00{slot}" for k in ids]
-            missing = [i for i, key in enumerate(keys) if key not in self._grids]
-            if missing:
-                index = torch.tensor(missing, device=self.device)
-                with torch.no_grad():
-                    grid = self.model.grid(batch["image" + slot][index]).cpu()  # (M, N, C)
-                for j, i in enumerate(missing):
-                    self._grids[keys[i]] = grid[j]
-            out.append(torch.stack([self._grids[k] for k in keys]).to(self.device))
-        return out[0], out[1]
+            keys = [f"{k}\x00{slot}" for k in batch["ids"]]
+            grids.append(_memoised(self._grids, keys, self.model.grid, batch["image" + slot]))  # (B, N, C)
+        return grids[0], grids[1]
 
     def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
         if batch is None:  # every item of the batch was unreadable (counted by the dataset)

@@ -279,7 +279,8 @@ class NAMC(nn.Module):
                 "[object description]" halves with [SOS]/[EOS]; ``caption`` (B, T) ids of the whole implicit-change
                 description; ``caption_src1``, ``caption_src2`` (B, T) index into ``desc1``/``desc2`` of the token
                 copied at each caption position, -1 elsewhere; optional ``codes1``, ``codes2`` (B, N) precomputed
-                VQGAN codes. :class:`namc.data.collate.PretrainCollator` builds it.
+                VQGAN codes and ``grid1``, ``grid2`` (B, N, C) pre-extracted grid features.
+                :class:`namc.data.collate.PretrainCollator` builds it.
             generator: seeds the mask sampling.
             gather: all-gathers a (B, ...) tensor across ranks with gradient (DDP); None on one process.
 
@@ -322,7 +323,10 @@ class NAMC(nn.Module):
             loss_nim = loss_nim + self._nim_loss(img_cls[B:], txt_eos[B:], text[B:], gather)
 
         # MIR: reconstruct masked grid positions as VQGAN codes (Eq. 18, masked positions only)
-        grid = self.grid(images)  # (2B, N, C), frozen
+        if batch.get("grid1") is not None:
+            grid = torch.cat([batch["grid1"], batch["grid2"]])  # (2B, N, C) pre-extracted
+        else:
+            grid = self.grid(images)  # (2B, N, C), frozen
         x = self.mir.embed(grid, img_mask)  # (2B, N, D)
         loss_mir = zero
         if c.use_mir:
