@@ -236,3 +236,5 @@ def test_token_sigmoid_loss_ngram_labels_by_hand():
     assert float(got) == pytest.approx(want, rel=1e-5)
     pair_labels = ops.token_sigmoid_loss(h_img, h_txt, valid, torch.tensor(scale), torch.tensor(bias))
     assert float(pair_labels) != pytest.approx(float(got), rel=1e-3)  # "a" (5) is shared: the labels differ
+    with pytest.raises(ValueError, match="ids"):
+        ops.token_sigmoid_loss(h_img, h_txt, valid, torch.tensor(scale), torch.tensor(bias), ngram=2)

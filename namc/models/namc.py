@@ -303,9 +303,8 @@ class NAMC(nn.Module):
             _, h_txt = self.nim.encode_text(text, eos_id)  # (2B, L, E)
             scale, bias = self.nim.token_logit[0].exp(), self.nim.token_logit[1]
             for half in (slice(None, B), slice(B, None)):  # a pair's two images look alike: pair them per half
-                ids = None if c.nim_token_ngram is None else text[half]
                 loss_tok = loss_tok + ops.token_sigmoid_loss(
-                    h_img[half], h_txt[half], words[half], scale, bias, ids, c.nim_token_ngram or 1
+                    h_img[half], h_txt[half], words[half], scale, bias, text[half], c.nim_token_ngram
                 )
             loss_tok = c.nim_token_loss * loss_tok
             with torch.no_grad():

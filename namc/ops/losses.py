@@ -143,7 +143,7 @@ def token_sigmoid_loss(
     scale: torch.Tensor,
     bias: torch.Tensor,
     ids: torch.Tensor | None = None,
-    ngram: int = 2,
+    ngram: int | None = None,
 ) -> torch.Tensor:
     """Token-level sigmoid alignment of patches and words across a batch (not in the paper; see below).
 
@@ -153,10 +153,10 @@ def token_sigmoid_loss(
     (Zhai et al., 2023) but per token. The labels:
 
     - patches: whether ``i`` and ``j`` are a pair;
-    - words, without ``ids``: whether ``i`` and ``j`` are a pair. A word that names something in its image learns a
+    - words, with ``ngram=None``: whether ``i`` and ``j`` are a pair. A word that names something in its image learns a
       high relevance there; a word whose content is in no particular image is pushed to the base rate. So are words
       that are true of most images ("a", "small"), which then look as irrelevant as noise;
-    - words, with ``ids``: whether image ``i``'s description uses the same n-gram (the word and the ``ngram - 1``
+    - words, with ``ngram=n``: whether image ``i``'s description uses the same n-gram (the word and the ``ngram - 1``
       tokens before it, :func:`ngram_presence`). The score then estimates whether a description of image ``i``
       would say this word here: words true of most images ("a small") score high everywhere, words tied to
       what an image shows ("a red") score high where it shows it, and words that descriptions use at random
@@ -173,8 +173,8 @@ def token_sigmoid_loss(
         txt_valid: (B, L) bool, True for real words.
         scale: () positive logit scale.
         bias: () logit bias.
-        ids: (B, L) token ids of the descriptions, for n-gram labels on the words; None for pair labels.
-        ngram: n-gram length of the word labels (with ``ids``).
+        ids: (B, L) token ids of the descriptions; needed for n-gram labels.
+        ngram: n-gram length of the word labels, or None for pair labels.
 
     Returns:
         The mean over both directions of the per-token binary cross-entropy. Positives and negatives are not
@@ -184,7 +184,12 @@ def token_sigmoid_loss(
     patch_scores, word_scores = relevance_from_similarity(s, txt_valid[None])  # (Bi, Bj, N), (Bi, Bj, L)
     B = h_img.shape[0]
     pairs = torch.eye(B, dtype=s.dtype, device=s.device)[:, :, None]  # (Bi, Bj, 1): 1 for the pairs
-    word_target = pairs if ids is None else ngram_presence(ids, txt_valid, ngram).to(s.dtype)  # (Bi, Bj, 1 or L)
+    if ngram is None:
+        word_target = pairs  # (Bi, Bj, 1)
+    elif ids is None:
+        raise ValueError("n-gram word labels need the token ids (ids=)")
+    else:
+        word_target = ngram_presence(ids, txt_valid, ngram).to(s.dtype)  # (Bi, Bj, L)
 
     def bce(scores: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         logits = scale * scores + bias
