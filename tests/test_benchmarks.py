@@ -20,6 +20,7 @@ from namc.data.benchmarks import (
     build_benchmark,
     collate_skip_none,
 )
+from namc.data.datamodules import BenchmarkDataModule
 from namc.data.shapes import generate_benchmark
 from namc.data.transforms import ImageTransform, to_rgb
 
@@ -221,6 +222,29 @@ def test_missing_and_corrupt_images(tmp_path: Path) -> None:
     strict = ClevrChange(tmp_path, "train", 16, on_error="raise")
     with pytest.raises(OSError, match="CLEVR_nonsemantic_000002.png|000002.png_n"):
         strict[corrupt]
+
+
+def test_image_cache_reads_each_file_once_and_never_caches_failures(tmp_path: Path) -> None:
+    _clevr_change(tmp_path)
+    plain = ClevrChange(tmp_path, "train", 16)
+    cached = ClevrChange(tmp_path, "train", 16).enable_image_cache()
+    first = [cached[i] for i in range(len(cached))]
+    for i, item in enumerate(first):
+        reference = plain[i]
+        assert torch.equal(item["image1"], reference["image1"]) and torch.equal(item["image2"], reference["image2"])
+    for path in tmp_path.rglob("*.png"):  # every image is in memory now: the files are no longer read
+        path.write_bytes(b"not a png")
+    again = cached[3]
+    assert torch.equal(again["image1"], first[3]["image1"]) and torch.equal(again["image2"], first[3]["image2"])
+    again["image1"].zero_()  # each read is a fresh tensor: changing one does not change the cache
+    assert torch.equal(cached[3]["image1"], first[3]["image1"])
+    assert plain[3] is None and plain.issues.counts == {"corrupt_image": 1}
+
+    fresh = ClevrChange(tmp_path, "train", 16).enable_image_cache()  # corrupt files: skipped and counted each time
+    assert fresh[0] is None and fresh[0] is None
+    assert fresh.issues.counts == {"corrupt_image": 2}
+    with pytest.raises(ValueError, match="num_workers: 0 with cache_images"):
+        BenchmarkDataModule("clevr_change", str(tmp_path), num_workers=2, cache_images=True)
 
 
 # -- transform -------------------------------------------------------------------------------------------------------

@@ -123,6 +123,7 @@ def test_unfrozen_grid_trains():
 def test_grid_shapes_and_input_checks():
     grid = GridEncoder("resnet18", out_index=2)
     assert (grid.out_channels, grid.stride, grid.grid_size(64)) == (128, 8, 8)
+    assert grid.backbone.conv1.weight.is_contiguous(memory_format=torch.channels_last)  # oneDNN's fast layout
     assert state_keys_have_no_constants(grid)
     with pytest.raises(ValueError, match="multiple of the grid stride 8"):
         grid(torch.rand(1, 3, 60, 64))

