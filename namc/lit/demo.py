@@ -62,8 +62,10 @@ class DemoSettings:
     demo corpus (batch 32, lr 1e-3): pair labels reach AUROC 0.65 after 1,250 steps, since words true of most
     images ("a", "small") are pushed down with the noise; word (unigram) labels 0.73, since the "a" of "near a"
     is then as relevant as every other "a"; bigram labels 0.93 after 250 steps.
-    ``finetune_grid_trainable`` trains the random ResNet during fine-tuning (off: it made both fine-tuning runs
-    collapse onto one caption in a 12-epoch run, CIDEr-D 35 and 44).
+    ``finetune_grid_trainable`` trains the ResNet during fine-tuning too (off: the paper freezes it, and without
+    the grid cache fine-tuning is about 7 times slower). It makes a much stronger baseline: without pre-training,
+    50 epochs, seed 0, final weights, 188.7 with the ResNet trained against 157.7 frozen (namc: 202.6 frozen,
+    226.4 trained); in a 12-epoch run both systems collapsed onto one caption (35 and 44).
     The benchmark has 1,250 scenes: 800 for training, 100 for validation and 350 (700 pairs with the distractors)
     for the test split, large enough that one run's score is not mostly sampling noise.
     """
