@@ -163,6 +163,7 @@ class NAMCModule(pl.LightningModule):
     def __init__(self, seed: int | None = None) -> None:
         super().__init__()
         self._seed = seed
+        self._grids: dict[str, torch.Tensor] = {}  # memoised frozen grids (cache_grids), by pair id and slot
 
     # -------------------------------------------------------------------------------------------- helpers
 
@@ -181,6 +182,19 @@ class NAMCModule(pl.LightningModule):
     def _datamodule(self) -> Any:
         trainer = self._trainer
         return getattr(trainer, "datamodule", None) if trainer is not None else None
+
+    @staticmethod
+    def _slot_keys(batch: dict[str, Any], slot: str) -> list[str]:
+        """Memo keys of image ``slot`` ("1" or "2") of each pair of the batch."""
+        return [f"{k}\x00{slot}" for k in batch["ids"]]
+
+    def _check_grid_cache(self, cache_grids: bool) -> None:
+        if cache_grids and self.model.config.grid_trainable:
+            raise ValueError("cache_grids memoises the grid encoder's output, which grid_trainable changes: pick one")
+
+    def _cached_grid(self, batch: dict[str, Any], slot: str) -> torch.Tensor:
+        """(B, N, C) frozen grid of image ``slot`` of each pair, computed once per pair id (``cache_grids``)."""
+        return _memoised(self._grids, self._slot_keys(batch, slot), self.model.grid, batch["image" + slot])
 
     # -------------------------------------------------------------------------------------------- hooks
 
@@ -301,10 +315,8 @@ class PretrainModule(NAMCModule):
             raise ValueError("pre-training needs pretraining=True")
         _check_part_files(overrides)
         self.model = create_model(model, tokenizer=tokenizer, **switches, **overrides)
-        if cache_grids and self.model.config.grid_trainable:
-            raise ValueError("cache_grids memoises the grid encoder's output, which grid_trainable changes: pick one")
+        self._check_grid_cache(cache_grids)
         self._codes: dict[str, torch.Tensor] = {}
-        self._grids: dict[str, torch.Tensor] = {}
         self._val_scores: list[torch.Tensor] = []
         self._val_labels: list[torch.Tensor] = []
 
@@ -327,12 +339,11 @@ class PretrainModule(NAMCModule):
         h, c = self.hparams, self.model.config
         extra: dict[str, torch.Tensor] = {}
         for slot in ("1", "2"):
-            keys = [f"{k}\x00{slot}" for k in batch["ids"]]
-            images = batch["image" + slot]
             if h.cache_codes and c.use_mir and c.rec_loss == "discrete" and batch.get("codes" + slot) is None:
+                keys, images = self._slot_keys(batch, slot), batch["image" + slot]
                 extra["codes" + slot] = _memoised(self._codes, keys, self.model.vqgan, images).long()  # (B, N)
             if h.cache_grids and batch.get("grid" + slot) is None:
-                extra["grid" + slot] = _memoised(self._grids, keys, self.model.grid, images)  # (B, N, C)
+                extra["grid" + slot] = self._cached_grid(batch, slot)  # (B, N, C)
         return {**batch, **extra}
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
@@ -443,10 +454,8 @@ class FinetuneModule(NAMCModule):
         if grid_trainable is not None and grid_trainable != net.config.grid_trainable:
             net.grid.set_frozen(not grid_trainable)
             net.config = dataclasses.replace(net.config, grid_trainable=grid_trainable)
-        if cache_grids and net.config.grid_trainable:
-            raise ValueError("cache_grids memoises the grid encoder's output, which grid_trainable changes: pick one")
         self.model = net
-        self._grids: dict[str, torch.Tensor] = {}
+        self._check_grid_cache(cache_grids)
         self._outputs: dict[str, list[tuple[str, str, list[str], str | None]]] = {}
         self.scores: dict[str, dict[str, Any]] = {}
 
@@ -456,11 +465,7 @@ class FinetuneModule(NAMCModule):
         """Memoised (B, N, C) grids of both images when ``cache_grids`` is on, else (None, None)."""
         if not self.hparams.cache_grids:
             return None, None
-        grids = []
-        for slot in ("1", "2"):
-            keys = [f"{k}\x00{slot}" for k in batch["ids"]]
-            grids.append(_memoised(self._grids, keys, self.model.grid, batch["image" + slot]))  # (B, N, C)
-        return grids[0], grids[1]
+        return self._cached_grid(batch, "1"), self._cached_grid(batch, "2")
 
     def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
         if batch is None:  # every item of the batch was unreadable (counted by the dataset)
