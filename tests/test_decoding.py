@@ -45,15 +45,18 @@ def trained(one_thread):
     captions = [words[: i + 1] + [tok.eos_id] for i in range(PAIRS)]
     ids = pad_sequences([[tok.bos_id, *c] for c in captions], tok.pad_id)  # (P, T)
     inputs, targets = ids[:, :-1], ids[:, 1:].masked_fill(ids[:, 1:] == tok.pad_id, -100)
-    opt = torch.optim.Adam(model.fdg.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.fdg.parameters(), lr=3e-3)  # at 1e-2 it stalled at loss 0.16 on an AMX CPU
     model.fdg.train()
-    for _ in range(300):
-        loss = F.cross_entropy(model.fdg(inputs, memory).flatten(0, 1), targets.flatten())
+    for _ in range(600):
+        logits = model.fdg(inputs, memory)  # (P, T - 1, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        # stop once every row is learned with a margin
+        learned = bool(((logits.argmax(-1) == targets) | (targets == -100)).all())
+        if loss.item() < 1e-3 and learned:
+            break
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if loss.item() < 0.02:
-            break
     model.eval()
     return model, images_1, images_2, captions
 
