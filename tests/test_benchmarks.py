@@ -20,7 +20,7 @@ from namc.data.benchmarks import (
     build_benchmark,
     collate_skip_none,
 )
-from namc.data.datamodules import BenchmarkDataModule
+from namc.lit.datamodules import BenchmarkDataModule
 from namc.data.shapes import generate_benchmark
 from namc.data.transforms import ImageTransform, to_rgb
 

@@ -125,7 +125,7 @@ def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
                                   {"class_path": "namc.lit.CaptionWriter"}]},
         "model": {"class_path": "namc.lit.FinetuneModule",
                   "init_args": {"model": "namc_tiny", "overrides": {"image_size": 32, "dim": 32, "heads": 2}}},
-        "data": {"class_path": "namc.data.datamodules.BenchmarkDataModule",
+        "data": {"class_path": "namc.lit.datamodules.BenchmarkDataModule",
                  "init_args": {"name": "clevr_change", "root": str(bench), "batch_size": 8, "num_workers": 0}},
     }  # fmt: skip
     path = tmp_path / "config.yaml"

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from namc.data.datamodules import CorpusDataModule
+from namc.lit.datamodules import CorpusDataModule
 from namc.data.shapes import make_pair, render_scene
 from namc.lit import PretrainModule
-from namc.lit.distributed import all_gather_with_grad
+from namc.ops.distributed import all_gather_with_grad
 
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -151,7 +151,7 @@ def test_all_gather_with_grad_pads_and_routes_gradients(tmp_path: Path) -> None:
 
 
 def test_ddp_validation_metrics_equal_a_single_process(tmp_path: Path) -> None:
-    from namc.data.datamodules import BenchmarkDataModule
+    from namc.lit.datamodules import BenchmarkDataModule
     from namc.data.shapes import generate_benchmark
     from namc.lit import FinetuneModule
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from namc.data.datamodules import BenchmarkDataModule, CorpusDataModule, PairListDataset
+from namc.lit.datamodules import BenchmarkDataModule, CorpusDataModule, PairListDataset
 from namc.data.shapes import generate_benchmark, generate_corpus, render_scene
 from namc.lit import CosineSchedule, ExportModel, FinetuneModule, PretrainModule, load_namc
-from namc.lit.analysis import auroc, noise_auroc, plot_relevance
+from namc.eval.noise import auroc, noise_auroc, plot_relevance
 from namc.lit.checkpoints import read_model_config, resolve_tokenizer, same_tokenizer
-from namc.lit.distributed import all_gather_with_grad, gather_objects
+from namc.ops.distributed import all_gather_with_grad, gather_objects
 from namc.models.namc import NAMC
 
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")

@@ -1,6 +1,6 @@
 """Data: the pre-training corpus (manifest + shards), benchmark loaders, the shapes world, transforms.
 
-Nothing here imports Lightning (the datamodules live in ``namc.data.datamodules`` and are imported explicitly).
+Nothing here imports Lightning (the Lightning DataModules live in ``namc.lit.datamodules``).
 """
 
 from namc.data.benchmarks import (

@@ -1,6 +1,6 @@
 """namc.lit: Lightning training and evaluation (LightningModules, the ``namc`` CLI, callbacks, the demo).
 
-Only this package and :mod:`namc.data.datamodules` import Lightning.
+Only this package imports Lightning.
 """
 
 from namc.lit.callbacks import CaptionWriter, ExportModel

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 
 from namc.lit.checkpoints import load_namc
-from namc.lit.distributed import gather_objects
+from namc.ops.distributed import gather_objects
 
 __all__ = ["CaptionWriter", "ExportModel"]
 

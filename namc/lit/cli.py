@@ -31,7 +31,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from namc.data.datamodules import NAMCDataModule
+from namc.lit.datamodules import NAMCDataModule
 from namc.lit.modules import NAMCModule
 
 __all__ = ["NAMCCLI", "describe_main", "main"]
@@ -66,7 +66,7 @@ def quiet_warnings() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     # `namc` passes its arguments on to LightningCLI explicitly (main(argv) is also called from Python)
     warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
-    # the corpus stream's __len__ is exact: every reader yields the same count (namc.data.datamodules._EvenStream)
+    # the corpus stream's __len__ is exact: every reader yields the same count (namc.lit.datamodules._EvenStream)
     warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
     try:
         from jsonargparse import JsonargparseDeprecationWarning  # type: ignore[attr-defined]
@@ -146,11 +146,11 @@ def link_tokenizer(model: Any) -> str:
 
 
 class NAMCCLI(LightningCLI):
-    """LightningCLI over :mod:`namc.lit` modules and :mod:`namc.data.datamodules`, with the links above.
+    """LightningCLI over :mod:`namc.lit` modules and :mod:`namc.lit.datamodules`, with the links above.
 
     ``model`` and ``data`` take ``class_path``/``init_args`` (subclass mode): :class:`~namc.lit.PretrainModule` or
-    :class:`~namc.lit.FinetuneModule`, and :class:`~namc.data.datamodules.CorpusDataModule` or
-    :class:`~namc.data.datamodules.BenchmarkDataModule`.
+    :class:`~namc.lit.FinetuneModule`, and :class:`~namc.lit.datamodules.CorpusDataModule` or
+    :class:`~namc.lit.datamodules.BenchmarkDataModule`.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

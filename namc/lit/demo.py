@@ -179,7 +179,7 @@ def demo_configs(
             },
         },
         "data": {
-            "class_path": "namc.data.datamodules.CorpusDataModule",
+            "class_path": "namc.lit.datamodules.CorpusDataModule",
             "init_args": {
                 "train": str(data / "corpus" / "manifest.jsonl"),
                 "val": str(data / "corpus_val" / "manifest.jsonl"),
@@ -205,7 +205,7 @@ def demo_configs(
             },
         },
         "data": {
-            "class_path": "namc.data.datamodules.BenchmarkDataModule",
+            "class_path": "namc.lit.datamodules.BenchmarkDataModule",
             "init_args": {
                 "name": "clevr_change",
                 "root": str(data / "clevr_change"),
@@ -279,7 +279,7 @@ def _noise_identification(model_dir: Path, corpus: Path, out_png: Path, batch_si
 
     from namc.data.collate import PretrainCollator
     from namc.data.corpus import CorpusDataset
-    from namc.lit.analysis import noise_auroc, plot_relevance
+    from namc.eval.noise import noise_auroc, plot_relevance
     from namc.lit.cli import clip_context_length
     from namc.models.namc import NAMC
 

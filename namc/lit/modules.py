@@ -36,9 +36,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from namc.lit.analysis import auroc, noise_scores
+from namc.eval.noise import auroc, noise_scores
 from namc.lit.checkpoints import NAMC_KEY, load_namc, namc_checkpoint_entry, same_tokenizer, tokenizer_from_dict
-from namc.lit.distributed import all_gather_with_grad, broadcast_object, distributed_ready, gather_objects
+from namc.ops.distributed import all_gather_with_grad, broadcast_object, distributed_ready, gather_objects
 from namc.models import create_model
 from namc.models.namc import NAMC
 from namc.text.tokenizer import CaptionTokenizer

@@ -33,7 +33,7 @@ def build(out: Path) -> dict:
     import lightning.pytorch as pl
 
     import namc
-    from namc.data.datamodules import CorpusDataModule
+    from namc.lit.datamodules import CorpusDataModule
     from namc.data.shapes import generate_corpus
     from namc.lit import PretrainModule, load_namc
 
