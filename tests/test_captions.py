@@ -12,12 +12,12 @@ from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-from namc.eval import captions as cap
 from namc.eval.captions import (
     METRIC_KEYS,
     CaptionEvaluator,
     evaluate_captions,
     main,
+    metrics,
     ptb_tokenize,
     spice_status,
     write_results,
@@ -138,7 +138,7 @@ def test_spice_reported_unavailable_not_zero(scores):
     assert scores["overall"]["SPICE"] == f"unavailable ({reason})"
     assert all(s["SPICE"] == f"unavailable ({reason})" for s in scores["per_type"].values())
     # The status check runs before Spice() is constructed, so nothing was downloaded into the package.
-    assert not (cap._SPICE_DIR / "lib" / "stanford-corenlp-3.6.0.jar").exists()
+    assert not (metrics._spice_dir() / "lib" / "stanford-corenlp-3.6.0.jar").exists()
 
 
 def test_spice_disabled(evaluator):

@@ -9,8 +9,9 @@ import pytest
 import torch
 import yaml
 
-from namc.data.shapes import generate_benchmark, make_pair, render_scene
-from namc.lit.cli import NAMCCLI, link_tokenizer, main, model_settings
+from namc.cli import main
+from namc.data.synthetic import generate_benchmark, make_pair, render_scene
+from namc.lit.cli import NAMCCLI, link_tokenizer, model_settings
 from namc.models import create_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from namc.data.corpus import CorpusDataset, RecordError, pack_corpus, parse_record
 from namc.data.issues import DataIssues, IssueKind
-from namc.data.shapes import generate_corpus
+from namc.data.synthetic import generate_corpus
 from namc.data.transforms import ImageTransform
 
 GOOD = (

@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from namc.lit.datamodules import CorpusDataModule
-from namc.data.shapes import make_pair, render_scene
+from namc.data.synthetic import make_pair, render_scene
 from namc.lit import PretrainModule
+from namc.lit.datamodules import CorpusDataModule
+from namc.objectives import pretrain_step
 from namc.ops.distributed import all_gather_with_grad
 
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
@@ -120,7 +121,7 @@ def _local_nim_loss(manifest: Path, ids: list[str]) -> float:
     keep = [i for i, k in enumerate(batch["ids"]) if k in ids]
     half = {k: (v[keep] if isinstance(v, torch.Tensor) else [v[i] for i in keep]) for k, v in batch.items()}
     with torch.no_grad():
-        return float(module.model.pretrain_step(half)["nim"])
+        return float(pretrain_step(module.model, half)["nim"])
 
 
 def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
@@ -151,9 +152,9 @@ def test_all_gather_with_grad_pads_and_routes_gradients(tmp_path: Path) -> None:
 
 
 def test_ddp_validation_metrics_equal_a_single_process(tmp_path: Path) -> None:
-    from namc.lit.datamodules import BenchmarkDataModule
-    from namc.data.shapes import generate_benchmark
+    from namc.data.synthetic import generate_benchmark
     from namc.lit import FinetuneModule
+    from namc.lit.datamodules import BenchmarkDataModule
 
     generate_benchmark(tmp_path / "bench", 30, image_size=32, seed=0, n_captions=2)
 

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 
 import namc
 from namc.data.collate import pad_sequences
+from namc.eval.throughput.baselines import generate_reference, generate_uncached
 from namc.models import fdg as fdg_module
-from namc.models.fdg import FDG
+from namc.models.fdg import FDG, FDGConfig
 
 PAIRS = 8
 
@@ -84,7 +85,7 @@ def test_optimised_equals_reference_decoder(trained, batch, max_new_tokens):
     # pairs 8 - batch ... 7: the longest captions, so with 4 tokens some rows finish and others are cut
     sl = slice(PAIRS - batch, PAIRS) if batch < PAIRS else slice(None)
     fast = model.generate_ids(im1[sl], im2[sl], max_new_tokens=max_new_tokens)
-    naive = model.generate_reference(im1[sl], im2[sl], max_new_tokens=max_new_tokens)
+    naive = generate_reference(model, im1[sl], im2[sl], max_new_tokens=max_new_tokens)
     assert fast.shape[1] <= max_new_tokens
     assert torch.equal(fast, naive)
 
@@ -94,14 +95,14 @@ def test_reference_equality_with_mixed_lengths_in_one_batch(trained):
     model, im1, im2, captions = trained
     order = torch.tensor([7, 0, 5, 2, 6, 1, 4, 3])
     fast = model.generate_ids(im1[order], im2[order])
-    assert torch.equal(fast, model.generate_reference(im1[order], im2[order]))
+    assert torch.equal(fast, generate_reference(model, im1[order], im2[order]))
     assert _finish_steps(fast, model.tokenizer.eos_id) == [len(captions[i]) for i in order.tolist()]
 
 
 def test_cached_equals_uncached_on_trained_model(trained):
     model, im1, im2, _ = trained
     memory = model.encode_pair(im1, im2)
-    assert torch.equal(model.fdg.generate(memory, 23), model.fdg.generate_uncached(memory, 23))
+    assert torch.equal(model.fdg.generate(memory, 23), generate_uncached(model.fdg, memory, 23))
 
 
 @pytest.mark.parametrize("batch", [1, 5])
@@ -109,11 +110,11 @@ def test_cached_equals_uncached_on_trained_model(trained):
 def test_cached_equals_uncached_full_length(one_thread, batch, max_new_tokens):
     """Random weights with [EOS] unreachable: every row decodes all steps through the cache."""
     torch.manual_seed(1)
-    fdg = FDG(vocab_size=50, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0).eval()
+    fdg = FDG(FDGConfig(vocab_size=50, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
     memory = torch.randn(batch, 9, 32)
     cached = fdg.generate(memory, max_new_tokens)
     assert cached.shape == (batch, max_new_tokens)  # no [EOS]: every step ran
-    assert torch.equal(cached, fdg.generate_uncached(memory, max_new_tokens))
+    assert torch.equal(cached, generate_uncached(fdg, memory, max_new_tokens))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -122,7 +123,9 @@ def test_cached_equals_uncached_random_weights_with_eos(one_thread, seed):
     several times. The [EOS] id is picked after a full-length run as the token whose first occurrences are the
     most scattered over the rows, so that the rows stop at many different steps."""
     torch.manual_seed(seed)
-    fdg = FDG(vocab_size=8, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0, tie_embeddings=False)
+    fdg = FDG(
+        FDGConfig(vocab_size=8, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0, tie_embeddings=False)
+    )
     fdg.eval()
     memory = torch.randn(16, 9, 32)
     full = fdg.generate(memory, 20)
@@ -130,24 +133,24 @@ def test_cached_equals_uncached_random_weights_with_eos(one_thread, seed):
     cached = fdg.generate(memory, 20)
     finish = _finish_steps(cached, fdg.eos_id)
     assert len({s for s in finish if s}) >= 5 and 0 in finish  # many different ends, and rows that never end
-    assert torch.equal(cached, fdg.generate_uncached(memory, 20))
+    assert torch.equal(cached, generate_uncached(fdg, memory, 20))
 
 
 def test_cached_equals_uncached_with_memory_mask(one_thread):
     torch.manual_seed(2)
-    fdg = FDG(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0).eval()
+    fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
     memory = torch.randn(4, 12, 32)
     mask = torch.rand(4, 12) > 0.5
     mask[:, 0] = True  # every row keeps a key
     masked = fdg.generate(memory, 10, memory_mask=mask)
-    assert torch.equal(masked, fdg.generate_uncached(memory, 10, memory_mask=mask))
+    assert torch.equal(masked, generate_uncached(fdg, memory, 10, memory_mask=mask))
     assert not torch.equal(masked, fdg.generate(memory, 10))  # the mask matters
 
 
 def test_fused_step_equals_module_step(one_thread):
     """Eval mode takes the fused step; train mode (dropout 0 here) runs the blocks' modules: same tokens."""
     torch.manual_seed(3)
-    fdg = FDG(vocab_size=60, dim=48, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)
+    fdg = FDG(FDGConfig(vocab_size=60, dim=48, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0))
     memory = torch.randn(3, 10, 48)
     fused = fdg.eval().generate(memory, 12)
     modules = fdg.train().generate(memory, 12)
@@ -174,7 +177,7 @@ def test_beam_size_one_equals_greedy(trained):
 
 def test_beam_size_one_equals_greedy_random_weights(one_thread):
     torch.manual_seed(4)
-    fdg = FDG(vocab_size=30, dim=32, heads=4, layers=2, max_len=32, eos_id=2, dropout=0.0).eval()
+    fdg = FDG(FDGConfig(vocab_size=30, dim=32, heads=4, layers=2, max_len=32, eos_id=2, dropout=0.0)).eval()
     memory = torch.randn(6, 9, 32)
     with torch.inference_mode():
         beam = fdg._beam_search(memory, 15, 1, None, 1.0)
@@ -200,7 +203,7 @@ def test_beam_search_returns_valid_sequences(trained, num_beams):
 
 def test_beam_search_on_random_weights_is_well_formed(one_thread):
     torch.manual_seed(5)
-    fdg = FDG(vocab_size=30, dim=32, heads=4, layers=2, max_len=32, eos_id=2, dropout=0.0).eval()
+    fdg = FDG(FDGConfig(vocab_size=30, dim=32, heads=4, layers=2, max_len=32, eos_id=2, dropout=0.0)).eval()
     memory = torch.randn(4, 9, 32)
     ids = fdg.generate(memory, 10, num_beams=3)
     assert ids.shape[0] == 4 and ids.shape[1] <= 10
@@ -210,19 +213,19 @@ def test_beam_search_on_random_weights_is_well_formed(one_thread):
 
 
 def test_generate_rejects_more_tokens_than_positions():
-    fdg = FDG(vocab_size=20, dim=16, heads=2, layers=1, max_len=8).eval()
+    fdg = FDG(FDGConfig(vocab_size=20, dim=16, heads=2, layers=1, max_len=8)).eval()
     memory = torch.randn(1, 4, 16)
     with pytest.raises(ValueError, match="positions"):
         fdg.generate(memory, 8)
     with pytest.raises(ValueError, match="positions"):
-        fdg.generate_uncached(memory, 8)
+        generate_uncached(fdg, memory, 8)
 
 
 @pytest.mark.slow
 def test_compiled_step_equals_eager(one_thread):
     """torch.compile of the decoding step (a C++ compiler is needed on CPU; compiling takes tens of seconds)."""
     torch.manual_seed(6)
-    fdg = FDG(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0).eval()
+    fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
     memory = torch.randn(3, 9, 32)
     eager = fdg.generate(memory, 6)
     fdg.compile_step()

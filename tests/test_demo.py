@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from namc.lit.cli import main
+from namc.cli import main
 from namc.lit.demo import FULL, demo_configs, format_report
 from namc.models.namc import NAMC
 

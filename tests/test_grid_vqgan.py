@@ -14,8 +14,8 @@ from taming.modules.vqvae.quantize import VectorQuantizer2
 from torch import nn
 
 import namc.models.vqgan as vqgan_module
-from namc.models._weights import WeightsError, save_safetensors
 from namc.models.grid import IMAGENET_MEAN, IMAGENET_STD, GridEncoder
+from namc.models.io import WeightsError, save_safetensors
 from namc.models.vqgan import VQGAN_F16_1024, VQGAN_F16_16384, VQGAN_TINY_F8_64, VQGANTokenizer
 
 # ------------------------------------------------------------------------------------------------------ grid encoder

@@ -14,13 +14,18 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from namc.lit.datamodules import BenchmarkDataModule, CorpusDataModule, PairListDataset
-from namc.data.shapes import generate_benchmark, generate_corpus, render_scene
-from namc.lit import CosineSchedule, ExportModel, FinetuneModule, PretrainModule, load_namc
-from namc.eval.noise import auroc, noise_auroc, plot_relevance
-from namc.lit.checkpoints import read_model_config, resolve_tokenizer, same_tokenizer
-from namc.ops.distributed import all_gather_with_grad, gather_objects
+from namc.data.pairs import PairListDataset
+from namc.data.synthetic import generate_benchmark, generate_corpus, render_scene
+from namc.eval.noise import auroc, noise_auroc
+from namc.eval.plots import plot_relevance
+from namc.lit import ExportModel, FinetuneModule, PretrainModule
+from namc.lit.datamodules import BenchmarkDataModule, CorpusDataModule
+from namc.models import load_model
+from namc.models.io import read_config, read_tokenizer
 from namc.models.namc import NAMC
+from namc.objectives import CosineSchedule, pretrain_step
+from namc.ops.distributed import all_gather_with_grad, gather_objects
+from namc.text.tokenizer import same_tokenizer
 
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -167,18 +172,18 @@ def test_optimizer_groups_and_cosine_minimums(pretrained_ckpt: dict) -> None:
 
 def test_checkpoint_round_trip_and_export(pretrained_ckpt: dict, tmp_path) -> None:
     module, path = pretrained_ckpt["module"], pretrained_ckpt["path"]
-    net = load_namc(path)
+    net = load_model(path)
     assert net.config == module.model.config
     ref = module.model.state_dict()
     for k, v in net.state_dict().items():
         assert torch.equal(v, ref[k]), k
-    assert same_tokenizer(resolve_tokenizer(path), module.tokenizer)
-    assert read_model_config(path).dim == 32
-    small = load_namc(path, pretraining=False)
+    assert same_tokenizer(read_tokenizer(path), module.tokenizer)
+    assert read_config(path).dim == 32
+    small = load_model(path, pretraining=False)
     assert small.nim is None and small.vqgan is None and small.mir.head is None
     out = module.export(tmp_path / "model")
     again = NAMC.from_pretrained(out)
-    assert read_model_config(out) == again.config
+    assert read_config(out) == again.config
     assert torch.equal(again.state_dict()["fdg.tok.weight"], ref["fdg.tok.weight"])
 
 
@@ -324,8 +329,8 @@ def test_pretrain_caches_give_the_uncached_step(shapes: dict) -> None:
         again = module._with_cache(batch)
         assert torch.equal(again["grid1"][0], cached["grid1"][0] + 1.0)
         module._grids[f"{batch['ids'][0]}\x001"] -= 1.0
-        with_cache = model.pretrain_step(module._with_cache(batch), torch.Generator().manual_seed(3))
-        without = model.pretrain_step(batch, torch.Generator().manual_seed(3))
+        with_cache = pretrain_step(model, module._with_cache(batch), torch.Generator().manual_seed(3))
+        without = pretrain_step(model, batch, torch.Generator().manual_seed(3))
     for key in ("nim", "mir", "fdg"):
         assert float(with_cache[key]) == pytest.approx(float(without[key]), rel=1e-5), key
     with pytest.raises(ValueError, match="cache_grids"):

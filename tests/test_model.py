@@ -8,8 +8,9 @@ import torch
 
 import namc
 from namc.data.collate import CaptionCollator, PretrainCollator
-from namc.models._weights import WeightsError
 from namc.models.encoders import ClipDualEncoder
+from namc.models.io import WeightsError
+from namc.objectives import finetune_step, pretrain_step
 from namc.text.tokenizer import ClipBPETokenizer, WordTokenizer, load_tokenizer
 
 COLORS = ["red", "blue", "green", "gray", "cyan", "purple", "brown", "yellow"]
@@ -76,7 +77,7 @@ def test_base_config_is_the_paper():
 
 def test_pretrain_step_losses_and_gradients(model, batch):
     model.train()
-    out = model.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+    out = pretrain_step(model, batch, generator=torch.Generator().manual_seed(0))
     for key in ("loss", "nim", "mir", "fdg"):
         assert torch.isfinite(out[key]), key
         assert out[key] > 0, key
@@ -102,7 +103,7 @@ def test_overfit_one_batch(model, batch):
     model.train()
     losses = []
     for _ in range(40):
-        out = model.pretrain_step(batch, generator=gen)
+        out = pretrain_step(model, batch, generator=gen)
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -117,7 +118,7 @@ def test_masks_are_reproducible(model, batch):
     a = model.noise_masks(images, text, torch.Generator().manual_seed(3))
     b = model.noise_masks(images, text, torch.Generator().manual_seed(3))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    words, _ = model._text_masks(text)
+    words, _ = model.text_masks(text)
     assert not a[1][~words].any()  # [SOS], [EOS] and padding are never masked
 
 
@@ -142,7 +143,7 @@ def test_denoised_caption_uses_mask_token(model, batch, tokenizer):
 )
 def test_ablations_run(tokenizer, batch, ablation):
     m = namc.create_model("namc_tiny", tokenizer=tokenizer, **ablation)
-    out = m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+    out = pretrain_step(m, batch, generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(out["loss"])
     if ablation.get("use_nim") is False:
         assert out["nim"] == 0
@@ -181,7 +182,7 @@ def test_finetune_step_and_generate(model, tokenizer):
     ]
     b = CaptionCollator(tokenizer, max_caption_len=32)(items)
     model.drop_pretraining_modules().train()
-    out = model.finetune_step(b)
+    out = finetune_step(model, b)
     out["loss"].backward()
     assert torch.isfinite(out["loss"])
     assert model.nim is None and model.vqgan is None
@@ -299,7 +300,7 @@ def test_grid_trainable_option(tokenizer, batch):
     m = namc.create_model("namc_tiny", tokenizer=tokenizer, grid_trainable=True)
     grid_params = {id(p) for p in m.grid.parameters()}
     assert grid_params <= {id(p) for p in m.param_groups()["mir_fdg"]}
-    m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))["loss"].backward()
+    pretrain_step(m, batch, generator=torch.Generator().manual_seed(0))["loss"].backward()
     assert all(p.grad is not None for p in m.grid.parameters() if p.requires_grad)
 
 
@@ -308,7 +309,7 @@ def test_nim_token_loss_trains_every_nim_parameter_and_keeps_masks(tokenizer, ba
     m = namc.create_model("namc_tiny", tokenizer=tokenizer, nim_token_loss=2.0)
     plain = namc.create_model("namc_tiny", tokenizer=tokenizer)
     assert m.nim.token_logit is not None and plain.nim.token_logit is None
-    out = m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+    out = pretrain_step(m, batch, generator=torch.Generator().manual_seed(0))
     out["loss"].backward()
     assert m.nim.token_logit.grad is not None and m.nim.token_logit.grad.abs().sum() > 0
     for name, p in m.nim.named_parameters():
@@ -320,7 +321,7 @@ def test_nim_token_loss_trains_every_nim_parameter_and_keeps_masks(tokenizer, ba
     with torch.no_grad():
         _, hi = m.nim.encode_image(images)
         _, ht = m.nim.encode_text(text, tokenizer.eos_id)
-        rel = namc.ops.token_relevance(hi, ht, m._text_masks(text)[0])
+        rel = namc.ops.token_relevance(hi, ht, m.text_masks(text)[0])
     a = m.noise_masks(images, text, torch.Generator().manual_seed(5), rel)
     b = m.noise_masks(images, text, torch.Generator().manual_seed(5))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
@@ -333,7 +334,7 @@ def test_nim_token_ngram_switch_reaches_the_loss(tokenizer, batch):
     losses = {}
     for n in (None, 1, 2):
         m.config.nim_token_ngram = n
-        out = m.pretrain_step(batch, generator=torch.Generator().manual_seed(0))
+        out = pretrain_step(m, batch, generator=torch.Generator().manual_seed(0))
         losses[n] = float(out["nim"])
     assert len({round(v, 6) for v in losses.values()}) == 3, losses
 

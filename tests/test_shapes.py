@@ -15,7 +15,7 @@ from PIL import Image
 
 from namc.data.cli import main
 from namc.data.corpus import CorpusDataset
-from namc.data.shapes import (
+from namc.data.synthetic import (
     CHANGE_TYPES,
     COLORS,
     MATERIALS,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from namc.data.shapes import corpus_record, make_pair
+from namc.data.synthetic import corpus_record, make_pair
 from namc.text.template import (
     VERBS,
     RejectReason,

@@ -1,4 +1,4 @@
-"""The strict weights loader (namc.models._weights) and the OpenAI CLIP conversion tool."""
+"""The strict weights loader (namc.models.io) and the OpenAI CLIP conversion tool."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from namc.models._weights import WeightsError, clean_state_dict, load_state_dict, load_strict, save_safetensors
+from namc.models.io import WeightsError, clean_state_dict, load_state_dict, load_strict, save_safetensors
 
 
 def _net() -> nn.Module:

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from namc.data.corpus import CorpusDataset, pack_corpus
-from namc.data.shapes import corpus_record, generate_benchmark, generate_corpus, make_pair, render_scene
+from namc.data.synthetic import corpus_record, generate_benchmark, generate_corpus, make_pair, render_scene
 from namc.text.template import TemplateStats
 
 

@@ -33,7 +33,7 @@ import open_clip
 import torch
 from open_clip.model import CustomTextCLIP, build_model_from_openai_state_dict, convert_to_custom_text_state_dict
 
-from namc.models._weights import WeightsError, load_state_dict, load_strict, save_safetensors
+from namc.models.io import WeightsError, load_state_dict, load_strict, save_safetensors
 
 logger = logging.getLogger(__name__)
 

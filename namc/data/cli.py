@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "shapes":
         from namc.data.corpus import pack_corpus
-        from namc.data.shapes import generate_benchmark, generate_corpus
+        from namc.data.synthetic import generate_benchmark, generate_corpus
 
         t0 = time.perf_counter()
         bench = generate_benchmark(

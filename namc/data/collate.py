@@ -2,7 +2,7 @@
 
 Dimension letters: B batch, L description tokens, T caption tokens, N grid positions.
 
-Pre-training items (``namc.data.corpus.CorpusDataset``) carry the parsed template halves; the collator tokenizes
+Pre-training items (:class:`namc.data.corpus.CorpusDataset`) carry the parsed template halves; the collator tokenizes
 each "[object description]" for NIM's text tower and builds the whole implicit-change description for FDG piece by
 piece (template prefix + description 1 + middle + description 2 + suffix), recording for every caption token which
 description token it copies (``caption_src1``/``caption_src2``), so the model can write the *denoised* description
@@ -12,7 +12,7 @@ description token it copies (``caption_src1``/``caption_src2``), so the model ca
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +21,25 @@ from namc.text.template import segments
 from namc.text.tokenizer import CaptionTokenizer
 
 logger = logging.getLogger(__name__)
+
+
+class SkipNone:
+    """Collate wrapper: drops the ``None`` items of unreadable images; a batch left empty becomes ``None``.
+
+    Datasets built with ``on_error="skip"`` return ``None`` for an item whose image does not decode (and count it);
+    wrapping the collate function keeps such items out of the batch. A class, not a closure, so DataLoader workers
+    can pickle it.
+
+    Args:
+        collate: the collate function for the remaining items.
+    """
+
+    def __init__(self, collate: Callable[[Sequence[dict[str, Any]]], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, items: Sequence[dict[str, Any] | None]) -> Any:
+        kept = [it for it in items if it is not None]
+        return self.collate(kept) if kept else None
 
 
 def pad_sequences(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> torch.Tensor:
@@ -50,7 +69,7 @@ def _encode_words(tokenizer: CaptionTokenizer, desc: str) -> tuple[list[int], li
 
 
 class PretrainCollator:
-    """Batches pre-training items for :meth:`namc.NAMC.pretrain_step`.
+    """Batches pre-training items for :func:`namc.objectives.pretrain_step`.
 
     Args:
         tokenizer: the model's caption tokenizer.

@@ -1,6 +1,6 @@
 """Counting bad input that a data pipeline skips, across DataLoader workers and DDP ranks.
 
-A long run must neither crash on one corrupt file nor lose samples silently (DESIGN.md section 5): every skipped
+A long run must neither crash on one corrupt file nor lose samples silently: every skipped
 sample is counted here by kind, the first few of each kind are logged with the file and line, and
 :meth:`DataIssues.summary` reports the totals at the end.
 

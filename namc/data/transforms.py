@@ -2,8 +2,7 @@
 
 Normalisation is *not* done here. The model has three image towers that want three different normalisations
 (CLIP mean/std for NIM's ViT, ImageNet mean/std for the ResNet grid, [-1, 1] for the VQGAN tokenizer), so images
-travel as (3, H, W) floats in [0, 1] and each tower normalises its own input (DESIGN.md section 1, "Shared
-conventions" of the project brief).
+travel as (3, H, W) floats in [0, 1] and each tower normalises its own input.
 
 Choices:
 

@@ -1,18 +1,12 @@
-"""namc.lit: Lightning training and evaluation (LightningModules, the ``namc`` CLI, callbacks, the demo).
+"""namc.lit: Lightning training and evaluation (LightningModules, DataModules, callbacks, the ``namc`` CLI, the demo).
 
-Only this package imports Lightning.
+Only this package imports Lightning; everything it trains is a plain :class:`namc.NAMC` with the objectives of
+:mod:`namc.objectives`.
 """
 
 from namc.lit.callbacks import CaptionWriter, ExportModel
-from namc.lit.checkpoints import load_namc
-from namc.lit.modules import CosineSchedule, FinetuneModule, NAMCModule, PretrainModule
+from namc.lit.finetune import FinetuneModule
+from namc.lit.modules import NAMCModule
+from namc.lit.pretrain import PretrainModule
 
-__all__ = [
-    "CaptionWriter",
-    "CosineSchedule",
-    "ExportModel",
-    "FinetuneModule",
-    "NAMCModule",
-    "PretrainModule",
-    "load_namc",
-]
+__all__ = ["CaptionWriter", "ExportModel", "FinetuneModule", "NAMCModule", "PretrainModule"]

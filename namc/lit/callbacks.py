@@ -11,7 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 
-from namc.lit.checkpoints import load_namc
+from namc.models import load_model
 from namc.ops.distributed import gather_objects
 
 __all__ = ["CaptionWriter", "ExportModel"]
@@ -51,7 +51,7 @@ class ExportModel(pl.Callback):
                     best = cb.best_model_path
                     break
         if best:
-            load_namc(best).save_pretrained(directory)
+            load_model(best).save_pretrained(directory)
             logger.info("exported the best checkpoint %s to %s", best, directory)
         else:
             pl_module.export(directory)  # type: ignore[operator]

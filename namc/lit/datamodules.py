@@ -14,65 +14,29 @@ same number of samples (a short reader starts its share again) so all ranks run 
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from namc.data.benchmarks import BENCHMARKS, BenchmarkDataset, build_benchmark
-from namc.data.collate import CaptionCollator, PretrainCollator
+from namc.data.collate import CaptionCollator, PretrainCollator, SkipNone
 from namc.data.corpus import CorpusDataset
-from namc.data.transforms import ImageTransform
+from namc.data.idc import BENCHMARKS, BenchmarkDataset, build_benchmark, check_benchmark_root
+from namc.data.pairs import PairListDataset
+from namc.data.views import EvenStream, ReferencePicker
+from namc.models.io import read_tokenizer
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer
 
 __all__ = [
-    "BENCHMARK_SOURCES",
     "BenchmarkDataModule",
     "CorpusDataModule",
     "NAMCDataModule",
-    "PairListDataset",
-    "check_benchmark_root",
     "tokenizer_from_spec",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: name -> (title, where to get it, a path that must exist under the root once it is unpacked)
-BENCHMARK_SOURCES: dict[str, tuple[str, str, str]] = {
-    "clevr_change": (
-        "CLEVR-Change",
-        "https://github.com/Seth-Park/RobustChangeCaptioning (the dataset link in its README)",
-        "images",
-    ),
-    "clevr_dc": ("CLEVR-DC", "https://github.com/hsgkim/clevr-dc", "images"),
-    "spot_the_diff": (
-        "Spot-the-Diff",
-        "https://github.com/harsh19/spot-the-diff (annotations in the repository, images from its README link)",
-        "annotations",
-    ),
-    "ier": (
-        "Image-Editing-Request",
-        "https://github.com/airsplay/VisualRelationships (Image Editing Request data link in its README)",
-        "train.json",
-    ),
-}
-
-
-def check_benchmark_root(name: str, root: str | Path) -> Path:
-    """The benchmark folder, or a FileNotFoundError that says where to get the data and how to unpack it."""
-    if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}")
-    root = Path(root)
-    title, url, marker = BENCHMARK_SOURCES[name]
-    if not (root / marker).exists():
-        raise FileNotFoundError(
-            f"{title} not found at {root}: download it from {url} and unpack it so that {root / marker} exists "
-            f"(or set data.init_args.root to where it is)"
-        )
-    return root
 
 
 def tokenizer_from_spec(spec: str | None, texts: Callable[[], Iterable[str]], min_freq: int = 1) -> CaptionTokenizer:
@@ -83,53 +47,13 @@ def tokenizer_from_spec(spec: str | None, texts: Callable[[], Iterable[str]], mi
         return tok
     if spec == "clip_bpe":
         return ClipBPETokenizer()
-    from namc.lit.checkpoints import resolve_tokenizer
-
-    return resolve_tokenizer(spec)
-
-
-class _SkipNone:
-    """Collate wrapper: drops the ``None`` items of unreadable images; a batch left empty becomes ``None``."""
-
-    def __init__(self, collate: Callable[[Sequence[dict[str, Any]]], dict[str, Any]]) -> None:
-        self.collate = collate
-
-    def __call__(self, items: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
-        kept = [it for it in items if it is not None]
-        return self.collate(kept) if kept else None
+    return read_tokenizer(spec)
 
 
 def _rank_world(trainer: Any) -> tuple[int, int]:
     if trainer is None:
         return 0, 1
     return int(trainer.global_rank), int(trainer.world_size)
-
-
-class _ReferencePicker(Dataset):
-    """Training view of a benchmark: each item keeps one reference caption, drawn from ``(seed, epoch, index)``.
-
-    The draw uses no global RNG, so it does not depend on DataLoader workers or on when Lightning creates the
-    iterator, and a resumed run draws what an uninterrupted one does.
-    """
-
-    def __init__(self, dataset: Dataset, seed: int) -> None:
-        self.dataset = dataset
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> dict[str, Any] | None:
-        item = self.dataset[index]
-        if item is None:
-            return None
-        refs = item["captions"]
-        pick = random.Random(f"reference-{self.seed}-{self.epoch}-{index}").randrange(len(refs)) if refs else 0
-        return {**item, "captions": refs[pick : pick + 1] or refs}
 
 
 def _trainer_epoch(trainer: Any) -> int:
@@ -257,8 +181,8 @@ class BenchmarkDataModule(NAMCDataModule):
             )
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
-        # training items already carry one reference, drawn by _ReferencePicker
-        collate = _SkipNone(CaptionCollator(self.caption_tokenizer, self.max_caption_len, sample_reference=False))
+        # training items already carry one reference, drawn by ReferencePicker
+        collate = SkipNone(CaptionCollator(self.caption_tokenizer, self.max_caption_len, sample_reference=False))
         sampler = None
         if train:
             rank, world = _rank_world(self.trainer)
@@ -273,7 +197,7 @@ class BenchmarkDataModule(NAMCDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        self._train = _ReferencePicker(self.split("train"), self.shuffle_seed)
+        self._train = ReferencePicker(self.split("train"), self.shuffle_seed)
         self._train.set_epoch(_trainer_epoch(self.trainer))
         return self._loader(self._train, train=True)
 
@@ -293,105 +217,6 @@ class BenchmarkDataModule(NAMCDataModule):
             issues = getattr(ds, "issues", None)
             if issues is not None and issues.skipped:
                 logger.warning("%s %s: %s", self.name, split, issues.summary())
-
-
-class PairListDataset(Dataset):
-    """Image pairs listed in a text file, for prediction: ``first.png second.png`` per line.
-
-    Paths are relative to the list file's folder; blank lines and ``#`` comments are skipped. A malformed line or a
-    missing image is an error naming the file and the line (prediction never drops a pair silently).
-
-    Items: ``{"id": "first.png|second.png", "image1", "image2", "captions": [""], "change_type": None}``.
-    """
-
-    def __init__(self, path: str | Path, image_size: int | None = 224) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"predict_pairs file not found: {self.path}")
-        self.transform = ImageTransform(image_size)
-        self.pairs: list[tuple[str, Path, Path]] = []
-        for line_no, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            fields = text.split()
-            if len(fields) != 2:
-                raise ValueError(f"{self.path}:{line_no}: expected two image paths, got {len(fields)} fields: {line!r}")
-            paths = [(self.path.parent / f) for f in fields]
-            for p in paths:
-                if not p.is_file():
-                    raise FileNotFoundError(f"{self.path}:{line_no}: image not found: {p}")
-            self.pairs.append((f"{fields[0]}|{fields[1]}", paths[0], paths[1]))
-        if not self.pairs:
-            raise ValueError(f"{self.path}: no image pairs listed")
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        key, p1, p2 = self.pairs[index]
-        try:
-            image1, image2 = self.transform.load(p1), self.transform.load(p2)
-        except (OSError, SyntaxError, ValueError) as err:
-            raise OSError(f"{self.path}: pair {key}: cannot read an image: {err}") from err
-        return {"id": key, "image1": image1, "image2": image2, "captions": [""], "change_type": None}
-
-
-def _swapped(item: dict[str, Any]) -> dict[str, Any]:
-    """The pair with its two images (and everything attached to each) exchanged."""
-    out = dict(item)
-    for a, b in (("image1", "image2"), ("verb1", "verb2"), ("desc1", "desc2"), ("noise1", "noise2"),
-                 ("codes1", "codes2")):  # fmt: skip
-        out[a], out[b] = item.get(b), item.get(a)
-    return out
-
-
-class _EvenStream(IterableDataset):
-    """Yields exactly ``per_reader`` samples from every reader of a :class:`CorpusDataset`, optionally swapped.
-
-    Every rank then runs the same number of steps (DDP would hang otherwise). A reader whose share runs short
-    (skipped bad samples, or an uneven split) starts its share again and the repeats are logged. Image-order
-    swapping (appendix B.3) is drawn here from ``(seed, epoch, reader)`` instead of the global RNG, so it does not
-    depend on workers or on resuming.
-    """
-
-    def __init__(self, dataset: CorpusDataset, per_reader: int, workers: int, swap_prob: float = 0.0) -> None:
-        super().__init__()
-        self.dataset = dataset
-        self.per_reader = per_reader
-        self.workers = max(workers, 1)
-        self.swap_prob = swap_prob
-
-    def __len__(self) -> int:
-        return self.per_reader * self.workers
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        n, repeats = 0, 0
-        reader, _ = self.dataset.reader()
-        rng = random.Random(f"swap-{self.dataset.seed}-{self.dataset.epoch}-{reader}")
-        while n < self.per_reader:
-            got = 0
-            for item in self.dataset:
-                yield _swapped(item) if self.swap_prob > 0 and rng.random() < self.swap_prob else item
-                n += 1
-                got += 1
-                if n >= self.per_reader:
-                    break
-            if got == 0:
-                reader, readers = self.dataset.reader()
-                raise RuntimeError(
-                    f"corpus reader {reader} of {readers} got no samples: use more shards than ranks x workers "
-                    "(or fewer DataLoader workers)"
-                )
-            if n < self.per_reader:
-                repeats += 1
-        if repeats:
-            info = get_worker_info()
-            logger.warning("corpus reader (worker %s) restarted its share %d time(s) to even out the ranks",
-                           info.id if info else 0, repeats)  # fmt: skip
-
-    def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
 
 
 class CorpusDataModule(NAMCDataModule):
@@ -472,9 +297,9 @@ class CorpusDataModule(NAMCDataModule):
         if stage in ("fit", "validate") and self.val_path is not None:
             self._check(self.val_path, "val")
 
-    def _collate(self) -> _SkipNone:
-        # swapping is done by _EvenStream (seeded); the collator's own swap would use the global RNG
-        return _SkipNone(PretrainCollator(self.caption_tokenizer, self.max_text_len, self.max_caption_len))
+    def _collate(self) -> SkipNone:
+        # swapping is done by EvenStream (seeded); the collator's own swap would use the global RNG
+        return SkipNone(PretrainCollator(self.caption_tokenizer, self.max_text_len, self.max_caption_len))
 
     def train_dataloader(self) -> DataLoader:
         rank, world = _rank_world(self.trainer)
@@ -489,7 +314,7 @@ class CorpusDataModule(NAMCDataModule):
                 f"corpus {self.train_path} has {base.count()} pairs: too few for {readers} readers (ranks x workers) "
                 f"with batch_size {self.batch_size}"
             )
-        self._train = _EvenStream(base, per_reader, self.num_workers, self.swap_prob)
+        self._train = EvenStream(base, per_reader, self.num_workers, self.swap_prob)
         self._train.set_epoch(_trainer_epoch(self.trainer))
         return DataLoader(self._train, batch_size=self.batch_size, num_workers=self.num_workers,
                           collate_fn=self._collate(), drop_last=True, persistent_workers=False)  # fmt: skip

@@ -1,4 +1,6 @@
-"""LightningModules: a thin training shell around :class:`namc.NAMC` (pre-training and fine-tuning).
+"""What the LightningModules share: a thin training shell around :class:`namc.NAMC` (:class:`NAMCModule`).
+
+The two stages are :class:`~namc.lit.pretrain.PretrainModule` and :class:`~namc.lit.finetune.FinetuneModule`.
 
 The network is a plain ``nn.Module`` built by the registry (``create_model``) or loaded from a saved model; the
 modules only add optimisation, logging, checkpoint bookkeeping and evaluation:
@@ -12,10 +14,10 @@ modules only add optimisation, logging, checkpoint bookkeeping and evaluation:
   checkpoint / saved folder or from scratch; validation and test generate captions (greedy, at most 23 tokens,
   appendix F) and score them with :mod:`namc.eval.captions` (``val/cider`` is CIDEr-D x100).
 
-Optimisation (appendix F): Adam; pre-training NIM lr 1e-4 with a cosine decay to 1e-5, MIR + FDG 3e-4 to 1e-4;
-fine-tuning 2e-4 (the paper gives no minimum for fine-tuning; we decay to 1e-4, the pre-training MIR/FDG minimum).
-Warm-up is optional (linear, ``warmup_steps``). The schedule steps per optimiser step over
-``trainer.estimated_stepping_batches``.
+Optimisation (appendix F, stated once in :mod:`namc.objectives.optim`): Adam; pre-training NIM lr 1e-4 with a
+cosine decay to 1e-5, MIR + FDG 3e-4 to 1e-4; fine-tuning 2e-4 (the paper gives no minimum for fine-tuning; we decay
+to 1e-4, the pre-training MIR/FDG minimum). Warm-up is optional (linear, ``warmup_steps``). The schedule steps
+per optimiser step over ``trainer.estimated_stepping_batches``.
 
 Reproducibility: before every training step torch's global RNG (dropout) is reseeded from (seed, epoch, batch,
 rank), NIM's masks come from a generator seeded the same way, and the datamodule draws its data-side randomness
@@ -25,7 +27,6 @@ epoch-end checkpoint (``--ckpt_path``) therefore ends with the same weights as a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -36,14 +37,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from namc.eval.noise import auroc, noise_scores
-from namc.lit.checkpoints import NAMC_KEY, load_namc, namc_checkpoint_entry, same_tokenizer, tokenizer_from_dict
-from namc.ops.distributed import all_gather_with_grad, broadcast_object, distributed_ready, gather_objects
-from namc.models import create_model
+from namc._version import __version__
+from namc.models.io import NAMC_KEY, checkpoint_entry
 from namc.models.namc import NAMC
-from namc.text.tokenizer import CaptionTokenizer
+from namc.objectives.optim import adam_with_cosine
+from namc.text.tokenizer import CaptionTokenizer, same_tokenizer, tokenizer_from_dict
 
-__all__ = ["CosineSchedule", "FinetuneModule", "NAMCModule", "PretrainModule"]
+__all__ = ["NAMCModule", "caption_evaluator"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,30 +88,6 @@ def _memoised(
         for j, i in enumerate(missing):
             cache[keys[i]] = values[j]
     return torch.stack([cache[key] for key in keys]).to(inputs.device)
-
-
-class CosineSchedule:
-    """LR multiplier for ``LambdaLR``: linear warm-up, then a half cosine from 1 down to ``min_ratio``.
-
-    A callable object (not a lambda) so ``LambdaLR.state_dict()`` stores its plain attributes.
-
-    Args:
-        total_steps: optimiser steps of the whole run.
-        warmup_steps: steps of linear warm-up from 0 (0: none).
-        min_ratio: final lr / initial lr (e.g. 1e-5 / 1e-4 = 0.1 for NIM, appendix F).
-    """
-
-    def __init__(self, total_steps: int, warmup_steps: int = 0, min_ratio: float = 0.0) -> None:
-        self.total_steps = max(int(total_steps), 1)
-        self.warmup_steps = max(int(warmup_steps), 0)
-        self.min_ratio = float(min_ratio)
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        span = max(self.total_steps - self.warmup_steps, 1)
-        progress = min((step - self.warmup_steps) / span, 1.0)
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 _EVALUATORS: dict[bool, Any] = {}
@@ -208,7 +184,7 @@ class NAMCModule(pl.LightningModule):
         torch.manual_seed(_mix(self.seed, self.current_epoch, batch_idx, self.global_rank, 1))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[NAMC_KEY] = namc_checkpoint_entry(self.model)
+        checkpoint[NAMC_KEY] = checkpoint_entry(self.model.config, self.model.tokenizer, __version__)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         entry = checkpoint.get(NAMC_KEY)
@@ -223,347 +199,10 @@ class NAMCModule(pl.LightningModule):
             )
 
     def _adam(self, groups: list[dict[str, Any]], warmup_steps: int, weight_decay: float) -> dict[str, Any]:
-        """Adam over ``groups`` (``params``, ``lr``, ``min_lr``) with a per-group cosine schedule per step."""
+        """Adam over ``groups`` (``name``, ``params``, ``lr``, ``min_lr``) with a per-group cosine schedule per step."""
         groups = [g for g in groups if g["params"]]
         total = self.trainer.estimated_stepping_batches
         if not math.isfinite(total):
             raise ValueError("the cosine schedule needs a finite run length: set trainer.max_steps or max_epochs")
-        optimizer = torch.optim.Adam(
-            [{"params": g["params"], "lr": g["lr"], "name": g["name"]} for g in groups], weight_decay=weight_decay
-        )
-        lambdas = [CosineSchedule(int(total), warmup_steps, g["min_lr"] / g["lr"]) for g in groups]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
+        optimizer, scheduler = adam_with_cosine(groups, int(total), warmup_steps, weight_decay)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-class PretrainModule(NAMCModule):
-    """NAMC pre-training (section 3.3): ``L = L_NIM + L_MIR + L_FDG``.
-
-    Args:
-        model: a registered preset (``namc_tiny``, ``namc_base``).
-        tokenizer: the caption tokenizer; LightningCLI links it from the datamodule (built from the corpus for word
-            presets). None: the preset's default.
-        use_nim: the NIM alignment loss and noise masking (Table 6 "- NIM": off, masks become random).
-        use_mir: the MIR reconstruction loss (Table 6 "- MIR": off).
-        masking: ``"noise"`` (NM) or ``"random"`` (Fig. 3 baseline).
-        p_img: image masking ratio p_I (0.2, section 4.2.1).
-        p_txt: text masking ratio p_T (0.15).
-        nim_loss: ``"sdm"`` or ``"infonce"`` (Table 7).
-        nim_token_loss: weight of the token-level alignment term added to L_NIM
-            (:func:`namc.ops.token_sigmoid_loss`; not in the paper, 0 = off). For a NIM that starts from random
-            weights, which lacks the patch-word alignment a pre-trained CLIP brings (the CPU demo).
-        nim_token_ngram: its word labels: whether the image's own description has the same n-gram ending there
-            (2: the word and the one before it), or None: whether image and description are a pair.
-        rec_loss: ``"discrete"`` (VQGAN codes), ``"l1"`` or ``"l2"`` (Table 7).
-        denoised_image: NIM aligns the masked image (Table 8).
-        denoised_text: NIM aligns, and FDG generates, the masked description (Table 8).
-        overrides: further :class:`~namc.models.namc.NAMCConfig` fields (e.g. ``clip_pretrained``, ``dim``).
-        lr_nim: NIM initial lr (1e-4, appendix F).
-        min_lr_nim: NIM final lr (1e-5).
-        lr: MIR + FDG initial lr (3e-4).
-        min_lr: MIR + FDG final lr (1e-4).
-        warmup_steps: linear warm-up steps (0: none, as the paper says nothing of one).
-        weight_decay: Adam's L2 penalty (0: plain Adam).
-        gather_negatives: under DDP, contrast against the negatives of every rank (the global batch).
-        cache_codes: memoise the frozen VQGAN's codes per pair id in memory (small corpora whose shards carry no
-            precomputed codes; needs ``swap_prob = 0``).
-        cache_grids: memoise the frozen ResNet grid of every image per pair id in memory (the paper pre-extracts
-            them; N x C floats per image, e.g. 64 x 128 for ``namc_tiny``; small corpora only; needs
-            ``swap_prob = 0`` and a frozen grid encoder).
-        seed: base seed of the masks and of the per-epoch reseeding (default: ``seed_everything``'s).
-    """
-
-    def __init__(
-        self,
-        model: str = "namc_tiny",
-        tokenizer: CaptionTokenizer | None = None,
-        use_nim: bool = True,
-        use_mir: bool = True,
-        masking: str = "noise",
-        p_img: float = 0.2,
-        p_txt: float = 0.15,
-        nim_loss: str = "sdm",
-        nim_token_loss: float = 0.0,
-        nim_token_ngram: int | None = 2,
-        rec_loss: str = "discrete",
-        denoised_image: bool = True,
-        denoised_text: bool = True,
-        overrides: dict[str, Any] | None = None,
-        lr_nim: float = 1e-4,
-        min_lr_nim: float = 1e-5,
-        lr: float = 3e-4,
-        min_lr: float = 1e-4,
-        warmup_steps: int = 0,
-        weight_decay: float = 0.0,
-        gather_negatives: bool = True,
-        cache_codes: bool = False,
-        cache_grids: bool = False,
-        seed: int | None = None,
-    ) -> None:
-        super().__init__(seed)
-        self.save_hyperparameters(ignore=["tokenizer"])
-        switches = dict(
-            use_nim=use_nim, use_mir=use_mir, masking=masking, p_img=p_img, p_txt=p_txt, nim_loss=nim_loss,
-            nim_token_loss=nim_token_loss, nim_token_ngram=nim_token_ngram, rec_loss=rec_loss,
-            denoised_image=denoised_image, denoised_text=denoised_text,
-        )  # fmt: skip
-        overrides = dict(overrides or {})
-        clash = sorted(set(switches) & set(overrides))
-        if clash:
-            raise ValueError(f"{clash} are init arguments of PretrainModule: set them there, not in overrides")
-        if overrides.get("pretraining") is False:
-            raise ValueError("pre-training needs pretraining=True")
-        _check_part_files(overrides)
-        self.model = create_model(model, tokenizer=tokenizer, **switches, **overrides)
-        self._check_grid_cache(cache_grids)
-        self._codes: dict[str, torch.Tensor] = {}
-        self._val_scores: list[torch.Tensor] = []
-        self._val_labels: list[torch.Tensor] = []
-
-    def setup(self, stage: str) -> None:
-        dm = self._datamodule()
-        h = self.hparams
-        if (h.cache_codes or h.cache_grids) and getattr(dm, "swap_prob", 0.0) > 0:
-            raise ValueError(
-                "cache_codes / cache_grids memoise per pair id, which image swapping breaks: set swap_prob: 0"
-            )
-
-    def _generator(self, batch_idx: int, stage: int) -> torch.Generator:
-        g = torch.Generator(device=self.device)
-        g.manual_seed(_mix(self.seed, stage, self.current_epoch, batch_idx, self.global_rank))
-        return g
-
-    def _with_cache(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Add memoised VQGAN codes and grids (the missing ones computed once) when ``cache_codes`` /
-        ``cache_grids`` are on."""
-        h, c = self.hparams, self.model.config
-        extra: dict[str, torch.Tensor] = {}
-        for slot in ("1", "2"):
-            if h.cache_codes and c.use_mir and c.rec_loss == "discrete" and batch.get("codes" + slot) is None:
-                keys, images = self._slot_keys(batch, slot), batch["image" + slot]
-                extra["codes" + slot] = _memoised(self._codes, keys, self.model.vqgan, images).long()  # (B, N)
-            if h.cache_grids and batch.get("grid" + slot) is None:
-                extra["grid" + slot] = self._cached_grid(batch, slot)  # (B, N, C)
-        return {**batch, **extra}
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
-        """One pre-training step; returns ``loss`` and the detached parts (``outputs`` of ``on_train_batch_end``)."""
-        gather = all_gather_with_grad if (self.hparams.gather_negatives and distributed_ready()) else None
-        out = self.model.pretrain_step(self._with_cache(batch), self._generator(batch_idx, 0), gather)
-        B = batch["image1"].shape[0]
-        self.log("train/loss", out["loss"].detach(), prog_bar=True, batch_size=B)
-        for key in ("nim", "mir", "fdg", "img_mask_frac", "txt_mask_frac"):
-            self.log(f"train/{key}", out[key], batch_size=B)
-        return out
-
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        out = self.model.pretrain_step(self._with_cache(batch), self._generator(batch_idx, 1), None)
-        B = batch["image1"].shape[0]
-        for key in ("loss", "nim", "mir", "fdg"):
-            self.log(f"val/{key}", out[key], batch_size=B, sync_dist=True, prog_bar=key == "loss")
-        scores, labels = noise_scores(self.model, batch)
-        self._val_scores.append(scores)
-        self._val_labels.append(labels)
-
-    def on_validation_epoch_end(self) -> None:
-        local = (torch.cat(self._val_scores), torch.cat(self._val_labels)) if self._val_scores else None
-        self._val_scores, self._val_labels = [], []
-        parts = [p for p in gather_objects(local) if p is not None]
-        if not parts:
-            return
-        scores = torch.cat([p[0] for p in parts])
-        labels = torch.cat([p[1] for p in parts])
-        value = auroc(scores, labels)
-        if not math.isnan(value):
-            self.log("val/noise_auroc", value, prog_bar=True, sync_dist=True)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        h = self.hparams
-        groups = self.model.param_groups()
-        return self._adam(
-            [
-                {"name": "nim", "params": groups["nim"], "lr": h.lr_nim, "min_lr": h.min_lr_nim},
-                {"name": "mir_fdg", "params": groups["mir_fdg"], "lr": h.lr, "min_lr": h.min_lr},
-            ],
-            h.warmup_steps,
-            h.weight_decay,
-        )
-
-
-class FinetuneModule(NAMCModule):
-    """Fine-tuning of MIR + FDG on an IDC benchmark (section 4), with caption metrics on validation and test.
-
-    Args:
-        model: a registered preset; ignored when ``pretrained`` is given (the saved config wins).
-        tokenizer: the caption tokenizer (LightningCLI links it from the datamodule, which reads it from
-            ``pretrained`` when that is set, else builds it from the benchmark's training captions).
-        pretrained: a pre-training Lightning ``.ckpt`` or a ``save_pretrained`` folder to start from; NIM, the
-            VQGAN and MIR's reconstruction head are dropped. None: train from scratch (the no-pre-training baseline).
-        overrides: :class:`~namc.models.namc.NAMCConfig` fields for a model built from scratch.
-        lr: initial lr of MIR + FDG (2e-4, appendix F).
-        min_lr: final lr of the cosine decay (1e-4; the paper gives none for fine-tuning).
-        warmup_steps: linear warm-up steps.
-        weight_decay: Adam's L2 penalty.
-        max_new_tokens: longest generated caption (23, appendix F).
-        num_beams: 1 = greedy (the paper).
-        cache_grids: memoise the frozen ResNet grid of every image in memory (the paper pre-extracts them); for
-            small datasets only.
-        grid_trainable: train the grid encoder too (None: as the model's config says; the paper keeps its
-            ImageNet ResNet frozen, a randomly initialised one, as in the CPU demo, is better trained).
-        spice: try SPICE in the metrics (reported "unavailable" when its jars are missing).
-        seed: base seed of the per-epoch reseeding (default: ``seed_everything``'s).
-    """
-
-    def __init__(
-        self,
-        model: str = "namc_tiny",
-        tokenizer: CaptionTokenizer | None = None,
-        pretrained: str | None = None,
-        overrides: dict[str, Any] | None = None,
-        lr: float = 2e-4,
-        min_lr: float = 1e-4,
-        warmup_steps: int = 0,
-        weight_decay: float = 0.0,
-        max_new_tokens: int = 23,
-        num_beams: int = 1,
-        cache_grids: bool = False,
-        grid_trainable: bool | None = None,
-        spice: bool = False,
-        seed: int | None = None,
-    ) -> None:
-        super().__init__(seed)
-        self.save_hyperparameters(ignore=["tokenizer"])
-        if pretrained is not None:
-            if overrides:
-                raise ValueError("a pretrained model fixes the architecture: leave overrides empty with pretrained")
-            net = load_namc(pretrained, pretraining=False)
-            if tokenizer is not None and not same_tokenizer(tokenizer, net.tokenizer):
-                raise ValueError(
-                    f"the tokenizer given to FinetuneModule differs from the one saved with {pretrained}: the data "
-                    "must be tokenized with the pretrained model's tokenizer (LightningCLI links it; in Python build "
-                    f"the datamodule with tokenizer={str(pretrained)!r})"
-                )
-            if net.config.name != model:
-                logger.info("fine-tuning %s from %s (model=%r is ignored)", net.config.name, pretrained, model)
-        else:
-            overrides = dict(overrides or {})
-            _check_part_files(overrides)
-            net = create_model(model, tokenizer=tokenizer, **{"pretraining": False, **overrides})
-            if net.config.pretraining:
-                net.drop_pretraining_modules()
-        if grid_trainable is not None and grid_trainable != net.config.grid_trainable:
-            net.grid.set_frozen(not grid_trainable)
-            net.config = dataclasses.replace(net.config, grid_trainable=grid_trainable)
-        self.model = net
-        self._check_grid_cache(cache_grids)
-        self._outputs: dict[str, list[tuple[str, str, list[str], str | None]]] = {}
-        self.scores: dict[str, dict[str, Any]] = {}
-
-    # -------------------------------------------------------------------------------------------- data
-
-    def _grids_of(self, batch: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Memoised (B, N, C) grids of both images when ``cache_grids`` is on, else (None, None)."""
-        if not self.hparams.cache_grids:
-            return None, None
-        return self._cached_grid(batch, "1"), self._cached_grid(batch, "2")
-
-    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
-        if batch is None:  # every item of the batch was unreadable (counted by the dataset)
-            return None
-        grid1, grid2 = self._grids_of(batch)
-        out = self.model.finetune_step({**batch, "grid1": grid1, "grid2": grid2})
-        self.log("train/loss", out["loss"].detach(), prog_bar=True, batch_size=batch["image1"].shape[0])
-        return out["loss"]
-
-    # -------------------------------------------------------------------------------------------- evaluation
-
-    def _generate(self, batch: dict[str, Any], stage: str) -> list[str]:
-        grid1, grid2 = self._grids_of(batch)
-        ids = self.model.generate_ids(
-            batch["image1"], batch["image2"], self.hparams.max_new_tokens, self.hparams.num_beams, grid1, grid2
-        )  # (B, T)
-        captions = [self.tokenizer.decode(row.tolist()) for row in ids]
-        store = self._outputs.setdefault(stage, [])
-        store.extend(zip(batch["ids"], captions, batch["references"], batch["change_types"]))
-        return captions
-
-    def _eval_step(self, batch: dict[str, Any] | None, stage: str) -> None:
-        if batch is None:
-            return
-        B = batch["image1"].shape[0]
-        grid1, grid2 = self._grids_of(batch)
-        out = self.model.finetune_step({**batch, "grid1": grid1, "grid2": grid2})
-        self.log(f"{stage}/loss", out["loss"], batch_size=B, sync_dist=True)
-        self._generate(batch, stage)
-
-    def validation_step(self, batch: dict[str, Any] | None, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Any] | None, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
-
-    def on_validation_epoch_end(self) -> None:
-        self._finish("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._finish("test")
-
-    def _finish(self, stage: str) -> None:
-        local = self._outputs.pop(stage, [])
-        if self.trainer.sanity_checking:
-            return
-        merged: dict[str, tuple[str, list[str], str | None]] = {}
-        for part in gather_objects(local):  # a DistributedSampler pads with repeats: keep one per id
-            for key, caption, refs, ctype in part:
-                merged.setdefault(key, (caption, refs, ctype))
-        log_dir = self.trainer.log_dir  # a collective under DDP: every rank asks, before rank 0 works alone
-        scores = None
-        if self.global_rank == 0 and merged:
-            scores = self._score(stage, merged, log_dir)
-        scores = broadcast_object(scores)
-        if scores is None:
-            return
-        self.scores[stage] = scores
-        for name, value in scores["overall"].items():
-            if isinstance(value, float):
-                # every rank holds rank 0's value: sync_dist averages identical numbers (and keeps Lightning quiet)
-                self.log(
-                    f"{stage}/{_METRIC_LOG_NAMES.get(name, name)}", value, prog_bar=name == "CIDEr-D", sync_dist=True
-                )
-        for ctype, per in scores.get("per_type", {}).items():
-            if isinstance(per.get("CIDEr-D"), float):
-                self.log(f"{stage}/cider_{ctype}", per["CIDEr-D"], sync_dist=True)
-
-    def _score(
-        self, stage: str, merged: dict[str, tuple[str, list[str], str | None]], log_dir: str | None
-    ) -> dict[str, Any]:
-        from namc.eval.captions import write_results
-
-        predictions = {k: v[0] for k, v in merged.items()}
-        references = {k: v[1] for k, v in merged.items()}
-        types = {k: v[2] for k, v in merged.items()}
-        change_types = types if all(t is not None for t in types.values()) else None
-        scores = caption_evaluator(self.hparams.spice).evaluate(predictions, references, change_types=change_types)
-        if log_dir is not None:
-            name = f"{stage}_epoch{self.current_epoch:03d}.json" if stage == "val" else f"{stage}.json"
-            path = write_results(Path(log_dir) / "captions" / name, predictions, references, scores)
-            logger.info("%s captions and scores written to %s", stage, path)
-        return scores
-
-    def predict_step(self, batch: dict[str, Any] | None, batch_idx: int) -> list[dict[str, str]]:
-        if batch is None:
-            return []
-        grid1, grid2 = self._grids_of(batch)
-        ids = self.model.generate_ids(
-            batch["image1"], batch["image2"], self.hparams.max_new_tokens, self.hparams.num_beams, grid1, grid2
-        )  # (B, T)
-        return [{"id": k, "caption": self.tokenizer.decode(row.tolist())} for k, row in zip(batch["ids"], ids)]
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        h = self.hparams
-        groups = self.model.param_groups()
-        return self._adam(
-            [{"name": "mir_fdg", "params": groups["mir_fdg"], "lr": h.lr, "min_lr": h.min_lr}],
-            h.warmup_steps,
-            h.weight_decay,
-        )

@@ -1,7 +1,20 @@
 """NAMC's modules, the registry and the presets."""
 
 from namc.models import presets as _presets  # noqa: F401  (registers the presets)
-from namc.models._registry import create_model, list_models, model_config, register_model
-from namc.models.namc import NAMC, NAMCConfig
+from namc.models.config import NAMCConfig
+from namc.models.fusion import create_fusion, list_fusions, register_fusion
+from namc.models.namc import NAMC
+from namc.models.registry import create_model, list_models, load_model, model_config, register_model
 
-__all__ = ["NAMC", "NAMCConfig", "create_model", "list_models", "model_config", "register_model"]
+__all__ = [
+    "NAMC",
+    "NAMCConfig",
+    "create_fusion",
+    "create_model",
+    "list_fusions",
+    "list_models",
+    "load_model",
+    "model_config",
+    "register_fusion",
+    "register_model",
+]

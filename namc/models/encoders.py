@@ -25,7 +25,7 @@ import open_clip
 import torch
 from torch import nn
 
-from namc.models._weights import load_state_dict, load_strict
+from namc.models.io import load_state_dict, load_strict
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ Dimension letters: B batch, K beams, T tokens, N memory positions (n_I), D width
 Decoding encodes each pair once, caches the cross-attention keys/values of the memory and the self-attention
 keys/values of the prefix (:class:`~namc.models.layers.KVCache`), projects only the last position onto the
 vocabulary, and drops finished rows from the batch. Greedy with at most 23 new tokens is the paper's setting
-(appendix F); beam search is ours. :meth:`FDG.generate_uncached` is the naive decoder kept for tests and the
-throughput benchmark: no cache, every prefix position re-run and projected onto the vocabulary at every step.
+(appendix F); beam search is ours. The naive decoder the throughput harness compares against (no cache, every
+prefix position re-run and projected at every step) lives with the harness, in :mod:`namc.eval.throughput`.
 
 In eval mode the incremental step takes a fused path (:class:`_StepWeights`): one (3D x D) projection gives the
 self-attention query, key and value, the hidden states stay (b, D) instead of (b, 1, D), the cross-attention
@@ -25,11 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from namc import ops
 from namc.models.layers import Block, KVCache
 
 
-class FDG(nn.Module):
-    """Transformer decoder with cross-attention to the MIR output.
+@dataclass(frozen=True)
+class FDGConfig:
+    """The shape of an FDG decoder.
 
     Args:
         vocab_size: V.
@@ -45,32 +47,36 @@ class FDG(nn.Module):
         tie_embeddings: share the input embedding with the output projection (saves V x D parameters).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        dim: int = 768,
-        heads: int = 12,
-        layers: int = 2,
-        max_len: int = 160,
-        pad_id: int = 0,
-        bos_id: int = 1,
-        eos_id: int = 2,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        tie_embeddings: bool = True,
-    ) -> None:
+    vocab_size: int
+    dim: int = 768
+    heads: int = 12
+    layers: int = 2
+    max_len: int = 160
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    mlp_ratio: float = 4.0
+    dropout: float = 0.1
+    tie_embeddings: bool = True
+
+
+class FDG(nn.Module):
+    """Transformer decoder with cross-attention to the MIR output."""
+
+    def __init__(self, config: FDGConfig) -> None:
         super().__init__()
-        self.pad_id, self.bos_id, self.eos_id, self.max_len = pad_id, bos_id, eos_id, max_len
-        self.heads = heads
-        self.tok = nn.Embedding(vocab_size, dim)
+        c = self.config = config
+        self.pad_id, self.bos_id, self.eos_id, self.max_len = c.pad_id, c.bos_id, c.eos_id, c.max_len
+        self.heads = c.heads
+        self.tok = nn.Embedding(c.vocab_size, c.dim)
         nn.init.normal_(self.tok.weight, std=0.02)
-        self.pos = nn.Parameter(torch.zeros(max_len, dim))
+        self.pos = nn.Parameter(torch.zeros(c.max_len, c.dim))
         nn.init.normal_(self.pos, std=0.02)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(dim)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.layers))
+        self.ln_f = nn.LayerNorm(c.dim)
         # tied: the output projection reuses the input embedding (no parameter of its own, one tensor on disk)
-        self.lm_head = None if tie_embeddings else nn.Linear(dim, vocab_size, bias=False)
+        self.lm_head = None if c.tie_embeddings else nn.Linear(c.dim, c.vocab_size, bias=False)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Project (..., D) decoder states onto the (..., V) vocabulary."""
@@ -226,39 +232,7 @@ class FDG(nn.Module):
                 if memory_mask is not None:
                     memory_mask = memory_mask.index_select(0, keep)
             tokens = nxt[:, None]
-        return out[:, : _used_length(out, self.pad_id)]
-
-    @torch.inference_mode()
-    def generate_uncached(
-        self, memory: torch.Tensor, max_new_tokens: int = 23, memory_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Naive greedy decoding, for tests and the throughput benchmark: every step runs the decoder over the
-        whole prefix (no self-attention cache), recomputes the cross-attention keys/values of the memory and
-        projects every position onto the vocabulary. Returns what :meth:`generate` returns with ``num_beams=1``.
-
-        Args:
-            memory: (B, N, D) E_MIR.
-            max_new_tokens: the most tokens generated after [BOS], [EOS] included.
-            memory_mask: (B, N) bool, True where memory may be attended.
-
-        Returns:
-            (B, T) generated ids without [BOS], padded with ``pad_id`` after [EOS].
-        """
-        if max_new_tokens + 1 > self.max_len:
-            raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
-        B = memory.shape[0]
-        tokens = torch.full((B, 1), self.bos_id, dtype=torch.long, device=memory.device)
-        out = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=memory.device)
-        finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
-        for t in range(max_new_tokens):
-            logits = self(tokens, memory, memory_mask)  # (B, t + 1, V): every position projected
-            nxt = logits[:, -1].argmax(dim=-1).masked_fill(finished, self.pad_id)  # (B,)
-            out[:, t] = nxt
-            finished |= nxt == self.eos_id
-            if bool(finished.all()):
-                break
-            tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 2)
-        return out[:, : _used_length(out, self.pad_id)]
+        return out[:, : ops.used_length(out, self.pad_id)]
 
     def _beam_search(
         self,
@@ -305,13 +279,7 @@ class FDG(nn.Module):
         normed = scores.view(-1) / lengths.clamp_min(1.0) ** length_penalty
         best = normed.view(B, K).argmax(dim=1) + torch.arange(B, device=device) * K  # (B,)
         out = seqs[best]
-        return out[:, : _used_length(out, self.pad_id)]
-
-
-def _used_length(ids: torch.Tensor, pad_id: int) -> int:
-    """Columns up to the last non-padding token in any row (at least 1)."""
-    used = (ids != pad_id).any(dim=0).nonzero()
-    return int(used.max()) + 1 if used.numel() else 1
+        return out[:, : ops.used_length(out, self.pad_id)]
 
 
 @dataclass

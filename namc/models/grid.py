@@ -16,7 +16,7 @@ import timm
 import torch
 from torch import nn
 
-from namc.models._weights import load_state_dict, load_strict
+from namc.models.io import load_state_dict, load_strict
 
 __all__ = ["GridEncoder", "IMAGENET_MEAN", "IMAGENET_STD"]
 

@@ -135,9 +135,18 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def self_attend(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None = None, causal: bool = False, cache: KVCache | None = None
-    ) -> torch.Tensor:
-        return x + self.drop(self.self_attn(self.ln_self(x), key_mask=key_mask, causal=causal, cache=cache))
+        self,
+        x: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Residual self-attention; with ``need_weights`` also the (B, H, T, T) weights."""
+        h = self.self_attn(self.ln_self(x), key_mask=key_mask, causal=causal, cache=cache, need_weights=need_weights)
+        if need_weights:
+            return x + self.drop(h[0]), h[1]
+        return x + self.drop(h)
 
     def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys/values of a context, computed once per generation."""
@@ -149,10 +158,16 @@ class Block(nn.Module):
         context: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Residual cross-attention to ``context`` (or its precomputed ``kv``); with ``need_weights`` also the
+        (B, H, T, S) weights."""
         if kv is None:
             kv = self.context_kv(context)
-        return x + self.drop(self.cross_attn(self.ln_cross(x), key_mask=key_mask, kv=kv))
+        h = self.cross_attn(self.ln_cross(x), key_mask=key_mask, kv=kv, need_weights=need_weights)
+        if need_weights:
+            return x + self.drop(h[0]), h[1]
+        return x + self.drop(h)
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.drop(self.ffn(self.ln_ffn(x)))

@@ -9,19 +9,24 @@ One masked image encoder ``E_M`` (2 layers of self-attention -> cross-attention 
 - interaction (co-attention): the two image streams run through the same layers side by side; in every layer each
   stream's self-attention output queries the other stream's self-attention output (ViLBERT-style co-attention; the
   paper says only "the key and value ... come from the other image feature"), masked positions are excluded as keys
-  in both self- and cross-attention, and the two outputs are concatenated and fused by an FC back to D (E_MIR).
+  in both self- and cross-attention, and the two outputs are fused back to D (E_MIR) by a fusion block
+  (:mod:`namc.models.fusion`; the paper's is an FC over their concatenation).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from namc.models.fusion import create_fusion
 from namc.models.layers import Block, ensure_attendable
 
 
-class MIR(nn.Module):
-    """Masked image embedding, the shared masked image encoder, the fusion FC and the reconstruction head.
+@dataclass(frozen=True)
+class MIRConfig:
+    """The shape of a MIR module.
 
     Args:
         in_channels: grid feature channels C (1024 for ResNet-101 layer3).
@@ -29,42 +34,50 @@ class MIR(nn.Module):
         dim: width D (768 in the paper).
         heads: attention heads (12).
         layers: encoder layers (2, appendix B.1).
-        text_dim: width of NIM's projected text tokens, projected to D for the reconstruction cross-attention.
+        text_dim: width of NIM's projected text tokens, projected to D for the reconstruction cross-attention;
+            None for a model without pre-training modules.
         codebook_size: V, the VQGAN codebook (16384 for f16-16384); 0 for no discrete head.
         rec_loss: ``"discrete"`` (the paper), or ``"l1"`` / ``"l2"`` regression onto X (Table 7 ablations).
         mlp_ratio: FFN hidden width over D.
         dropout: dropout in the encoder.
+        fusion: the block that fuses the two streams into E_MIR (:mod:`namc.models.fusion`; ``concat``: the paper).
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        num_positions: int,
-        dim: int = 768,
-        heads: int = 12,
-        layers: int = 2,
-        text_dim: int | None = None,
-        codebook_size: int = 16384,
-        rec_loss: str = "discrete",
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-    ) -> None:
+    in_channels: int
+    num_positions: int
+    dim: int = 768
+    heads: int = 12
+    layers: int = 2
+    text_dim: int | None = None
+    codebook_size: int = 16384
+    rec_loss: str = "discrete"
+    mlp_ratio: float = 4.0
+    dropout: float = 0.1
+    fusion: str = "concat"
+
+
+class MIR(nn.Module):
+    """Masked image embedding, the shared masked image encoder, the fusion block and the reconstruction head."""
+
+    def __init__(self, config: MIRConfig) -> None:
         super().__init__()
-        if rec_loss not in ("discrete", "l1", "l2"):
-            raise ValueError(f"rec_loss must be 'discrete', 'l1' or 'l2', got {rec_loss!r}")
-        self.rec_loss = rec_loss
+        if config.rec_loss not in ("discrete", "l1", "l2"):
+            raise ValueError(f"rec_loss must be 'discrete', 'l1' or 'l2', got {config.rec_loss!r}")
+        c = self.config = config
+        in_channels, dim = c.in_channels, c.dim
+        self.rec_loss = c.rec_loss
         self.e_m = nn.Parameter(torch.zeros(in_channels))  # e_M, replaces masked grid features
         nn.init.normal_(self.e_m, std=0.02)
         # a 1x1 convolution on the h x w grid is this per-position linear map C -> D
         self.proj = nn.Linear(in_channels, dim)
-        self.pos = nn.Parameter(torch.zeros(num_positions, dim))
+        self.pos = nn.Parameter(torch.zeros(c.num_positions, dim))
         nn.init.normal_(self.pos, std=0.02)
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.layers))
         self.ln_out = nn.LayerNorm(dim)
-        self.fuse = nn.Linear(2 * dim, dim)
-        self.text_proj = nn.Linear(text_dim, dim) if text_dim else None
-        out = codebook_size if rec_loss == "discrete" else in_channels
-        self.head = nn.Linear(dim, out) if (text_dim and out) else None
+        self.fuse = create_fusion(c.fusion, dim)
+        self.text_proj = nn.Linear(c.text_dim, dim) if c.text_dim else None
+        out = c.codebook_size if c.rec_loss == "discrete" else in_channels
+        self.head = nn.Linear(dim, out) if (c.text_dim and out) else None
 
     def embed(self, grid: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Masked image embedding ``X^M -> 1x1 conv -> + positions``.
@@ -136,20 +149,22 @@ class MIR(nn.Module):
             keep = ensure_attendable(~torch.cat([m1, m2], dim=0))  # (2B, N) True = may be attended
         swapped = None if keep is None else torch.cat([keep[B:], keep[:B]], dim=0)
         weights: list[dict[str, torch.Tensor]] = []
+        states: list[tuple[torch.Tensor, torch.Tensor]] = []  # after every layer, for multi-scale fusion blocks
+        multi_scale = getattr(self.fuse, "multi_scale", False)
         for block in self.blocks:
+            out = block.self_attend(x, key_mask=keep, need_weights=return_weights)
+            x, w_self = out if return_weights else (out, None)
+            other = torch.cat([x[B:], x[:B]], dim=0)  # (2B, N, D): stream 1 reads stream 2 and back
+            out = block.cross_attend(x, other, key_mask=swapped, need_weights=return_weights)
+            x, w_cross = out if return_weights else (out, None)
+            x = block.feed_forward(x)
             if return_weights:
-                h, w_self = block.self_attn(block.ln_self(x), key_mask=keep, need_weights=True)
-                x = x + block.drop(h)
-                other = torch.cat([x[B:], x[:B]], dim=0)  # (2B, N, D): stream 1 reads stream 2 and back
-                kv = block.context_kv(other)
-                h, w_cross = block.cross_attn(block.ln_cross(x), key_mask=swapped, kv=kv, need_weights=True)
-                x = block.feed_forward(x + block.drop(h))
                 weights.append({"self": w_self, "cross": w_cross})
-            else:
-                x = block.self_attend(x, key_mask=keep)
-                other = torch.cat([x[B:], x[:B]], dim=0)  # (2B, N, D)
-                x = block.cross_attend(x, other, key_mask=swapped)
-                x = block.feed_forward(x)
+            if multi_scale:
+                states.append((x[:B], x[B:]))
         x = self.ln_out(x)
-        fused = self.fuse(torch.cat([x[:B], x[B:]], dim=-1))  # (B, N, 2D) -> (B, N, D)
+        if multi_scale:
+            fused = self.fuse(x[:B], x[B:], layers=states)  # (B, N, D)
+        else:
+            fused = self.fuse(x[:B], x[B:])  # (B, N, D)
         return (fused, weights) if return_weights else fused

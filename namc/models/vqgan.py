@@ -19,7 +19,7 @@ from taming.modules.diffusionmodules.model import Encoder
 from taming.modules.vqvae.quantize import VectorQuantizer2
 from torch import nn
 
-from namc.models._weights import load_state_dict, load_strict
+from namc.models.io import load_state_dict, load_strict
 
 __all__ = ["VQGANTokenizer", "VQGAN_F16_16384", "VQGAN_F16_1024", "VQGAN_TINY_F8_64"]
 

@@ -1,4 +1,5 @@
-"""The paper's math as pure tensor functions: relevance (Eq. 1), noise masking, and the losses."""
+"""The paper's math as pure tensor functions: relevance (Eq. 1), noise masking, the losses, token sequences
+(targets, log-probabilities) and the differentiable collectives DDP needs (:mod:`namc.ops.distributed`)."""
 
 from namc.ops.losses import (
     caption_ce,
@@ -11,8 +12,22 @@ from namc.ops.losses import (
 )
 from namc.ops.masking import mask_probabilities, random_mask_probabilities, sample_mask
 from namc.ops.relevance import relevance_from_similarity, similarity_matrix, token_relevance
+from namc.ops.sequence import (
+    IGNORE,
+    first_index,
+    next_token_targets,
+    sequence_logprobs,
+    token_logprobs,
+    used_length,
+)
 
 __all__ = [
+    "IGNORE",
+    "first_index",
+    "next_token_targets",
+    "sequence_logprobs",
+    "token_logprobs",
+    "used_length",
     "caption_ce",
     "info_nce_loss",
     "mask_probabilities",

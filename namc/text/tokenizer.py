@@ -18,9 +18,10 @@ import shutil
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 TOKENIZER_FILE = "tokenizer.json"
+_BPE_FILE = "bpe_vocab.txt.gz"
 _WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
 _NO_SPACE_BEFORE = {".", ",", "!", "?", ";", ":", ")", "'s"}
 
@@ -39,6 +40,8 @@ class CaptionTokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def save(self, directory: str | Path) -> None: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 def _join_words(words: Iterable[str]) -> str:
@@ -91,10 +94,14 @@ class WordTokenizer:
         skip = {self.pad_id, self.bos_id, self.eos_id}
         return _join_words(self.words[i] for i in ids if int(i) not in skip)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that :func:`tokenizer_from_dict` rebuilds this tokenizer from."""
+        return {"type": "word", "words": list(self.words)}
+
     def save(self, directory: str | Path) -> None:
         path = Path(directory) / TOKENIZER_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"type": "word", "words": self.words}, indent=0))
+        path.write_text(json.dumps(self.to_dict(), indent=0))
 
 
 class ClipBPETokenizer:
@@ -135,11 +142,52 @@ class ClipBPETokenizer:
             words.append(self._tok.decode(run).strip())
         return " ".join(w for w in words if w)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that :func:`tokenizer_from_dict` rebuilds this tokenizer from (no copy of the BPE file)."""
+        return {"type": "clip_bpe", "vocab_size": self.vocab_size}
+
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.bpe_path, directory / "bpe_vocab.txt.gz")
-        (directory / TOKENIZER_FILE).write_text(json.dumps({"type": "clip_bpe", "bpe": "bpe_vocab.txt.gz"}))
+        shutil.copyfile(self.bpe_path, directory / _BPE_FILE)
+        (directory / TOKENIZER_FILE).write_text(json.dumps({"type": "clip_bpe", "bpe": _BPE_FILE}))
+
+
+def tokenizer_to_dict(tokenizer: CaptionTokenizer) -> dict[str, Any]:
+    """Plain-data description of a tokenizer (what a Lightning checkpoint stores)."""
+    to_dict = getattr(tokenizer, "to_dict", None)
+    if to_dict is None:
+        raise TypeError(f"cannot store a tokenizer of type {type(tokenizer).__name__}: it has no to_dict()")
+    return to_dict()
+
+
+def tokenizer_from_dict(
+    data: dict[str, Any], where: str = "checkpoint", directory: str | Path | None = None
+) -> WordTokenizer | ClipBPETokenizer:
+    """Rebuild a tokenizer from :func:`tokenizer_to_dict`'s data or a ``tokenizer.json``.
+
+    Args:
+        data: ``{"type": "word", "words": [...]}`` or ``{"type": "clip_bpe", ...}``.
+        where: the file the data came from, for error messages.
+        directory: the folder of a ``tokenizer.json`` whose ``bpe`` entry names a BPE file there; without it a
+            CLIP BPE comes from open_clip's bundled vocabulary and its size is checked.
+    """
+    kind = data.get("type")
+    if kind == "word":
+        return WordTokenizer(data["words"])
+    if kind == "clip_bpe":
+        if directory is not None and "bpe" in data:
+            return ClipBPETokenizer(Path(directory) / data["bpe"])
+        tok = ClipBPETokenizer()
+        if tok.vocab_size != data.get("vocab_size", tok.vocab_size):
+            raise ValueError(f"{where}: CLIP BPE with {data['vocab_size']} ids, the installed one has {tok.vocab_size}")
+        return tok
+    raise ValueError(f"{where}: unknown tokenizer type {kind!r} (expected 'word' or 'clip_bpe')")
+
+
+def same_tokenizer(a: CaptionTokenizer, b: CaptionTokenizer) -> bool:
+    """Whether two tokenizers map text to the same ids."""
+    return tokenizer_to_dict(a) == tokenizer_to_dict(b)
 
 
 def load_tokenizer(directory: str | Path) -> WordTokenizer | ClipBPETokenizer:
@@ -147,13 +195,7 @@ def load_tokenizer(directory: str | Path) -> WordTokenizer | ClipBPETokenizer:
     path = Path(directory) / TOKENIZER_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {TOKENIZER_FILE} in {directory}: it is written by save_pretrained()")
-    spec = json.loads(path.read_text())
-    kind = spec.get("type")
-    if kind == "word":
-        return WordTokenizer(spec["words"])
-    if kind == "clip_bpe":
-        return ClipBPETokenizer(Path(directory) / spec["bpe"])
-    raise ValueError(f"{path}: unknown tokenizer type {kind!r} (expected 'word' or 'clip_bpe')")
+    return tokenizer_from_dict(json.loads(path.read_text()), where=str(path), directory=directory)
 
 
 def build_tokenizer(

@@ -33,9 +33,11 @@ def build(out: Path) -> dict:
     import lightning.pytorch as pl
 
     import namc
+    from namc.data.synthetic import generate_corpus
+    from namc.lit import PretrainModule
     from namc.lit.datamodules import CorpusDataModule
-    from namc.data.shapes import generate_corpus
-    from namc.lit import PretrainModule, load_namc
+    from namc.models import load_model
+    from namc.objectives import finetune_step, pretrain_step
 
     torch.manual_seed(0)
     work = Path(tempfile.mkdtemp(prefix="namc-golden-"))
@@ -43,8 +45,16 @@ def build(out: Path) -> dict:
     dm = CorpusDataModule(train=str(work / "corpus" / "manifest.jsonl"), batch_size=8, num_workers=0,
                           image_size=64, max_text_len=48, max_caption_len=32, shuffle_buffer=8)  # fmt: skip
     module = PretrainModule(model="namc_tiny", overrides=OVERRIDES, seed=0, warmup_steps=0)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(work))  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=4,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(work),
+    )
     trainer.fit(module, datamodule=dm)
     trainer.save_checkpoint(out / "pretrain.ckpt")
 
@@ -59,18 +69,18 @@ def build(out: Path) -> dict:
     save_file(tensors, str(out / "pretrain_batch.safetensors"))
     torch.manual_seed(0)
     with torch.no_grad():
-        losses = model.train().pretrain_step(tensors, generator=torch.Generator().manual_seed(7))
+        losses = pretrain_step(model.train(), tensors, generator=torch.Generator().manual_seed(7))
     # a few fine-tuning steps on the batch's own descriptions, so that greedy decoding writes varied words
     opt = torch.optim.Adam([p for g in model.param_groups().values() for p in g], lr=3e-3)
     for _ in range(60):
         opt.zero_grad()
-        model.finetune_step(tensors)["loss"].backward()
+        finetune_step(model, tensors)["loss"].backward()
         opt.step()
     model.eval()
     model.save_pretrained(out / "namc_tiny")
     with torch.no_grad():
         memory = model.encode_pair(x1, x2)
-    ckpt_model = load_namc(str(out / "pretrain.ckpt")).eval()
+    ckpt_model = load_model(str(out / "pretrain.ckpt")).eval()
     expected = {
         "batch_ids": model.generate_ids(tensors["image1"], tensors["image2"]).tolist(),
         "batch_captions": model.generate(tensors["image1"], tensors["image2"]),

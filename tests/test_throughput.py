@@ -1,4 +1,4 @@
-"""The throughput harness (namc.eval.benchmark): runs on namc_tiny, writes JSON that matches the documented schema,
+"""The throughput harness (namc.eval.throughput): runs on namc_tiny, writes JSON that matches the documented schema,
 counts tokens and FLOPs correctly. Timings are printed by the harness, never asserted here."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import namc
-from namc.eval import benchmark as bm
+from namc.eval import throughput as tp
+from namc.eval.throughput.schema_doc import schema_markdown
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmark_schema.md"
 QUICK = ["--threads", "1", "--repeats", "2", "--warmup", "1", "--gemm-size", "128", "--max-new-tokens", "5"]
@@ -22,24 +23,29 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench") / "report.json"
     argv = ["--model", "namc_tiny", "--batch-sizes", "1", "3", "--reference", "all", "--train-batch-size", "2"]
     argv += ["--train-steps", "1", "--output", str(out), *QUICK]
-    assert bm.main(argv) == 0
+    assert tp.main(argv) == 0
     return json.loads(out.read_text())
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == bm.SCHEMA_VERSION == 1
-    assert bm.validate_report(report) == []
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 1
+    assert tp.validate_report(report) == []
 
 
 def test_report_matches_jsonschema_package(report):
     jsonschema = pytest.importorskip("jsonschema")
-    jsonschema.validate(report, bm.REPORT_SCHEMA)
+    jsonschema.validate(report, tp.REPORT_SCHEMA)
+
+
+def test_documented_schema_is_generated_from_the_code():
+    """docs/benchmark_schema.md is rendered from REPORT_SCHEMA; regenerate it after changing the schema."""
+    assert DOC.read_text() == schema_markdown(), "run: python -m namc.eval.throughput.schema_doc > " + str(DOC)
 
 
 def test_documented_schema_is_the_code_schema():
     blocks = re.findall(r"```json\n(.*?)```", DOC.read_text(), flags=re.S)
     assert len(blocks) == 1, "docs/benchmark_schema.md holds exactly one JSON Schema block"
-    assert json.loads(blocks[0]) == json.loads(json.dumps(bm.REPORT_SCHEMA))
+    assert json.loads(blocks[0]) == json.loads(json.dumps(tp.REPORT_SCHEMA))
 
 
 def test_documented_tables_name_every_field(report):
@@ -92,7 +98,7 @@ def test_main_prints_table(tmp_path, capsys):
     model.save_pretrained(tmp_path / "tiny")
     argv = ["--model", str(tmp_path / "tiny"), "--batch-sizes", "2", "--modes", "decode", "--reference", "decode"]
     argv += ["--length-mode", "eos", "--train-batch-size", "2", "--train-steps", "1", *QUICK]
-    assert bm.main(argv) == 0
+    assert tp.main(argv) == 0
     out = capsys.readouterr().out
     assert "tokens/s" in out and "decode vs decode" in out and "training (finetune" in out
 
@@ -100,14 +106,14 @@ def test_main_prints_table(tmp_path, capsys):
 def test_run_benchmark_directory_model_and_eos_mode(tmp_path):
     model = namc.create_model("namc_tiny", pretraining=False)
     model.save_pretrained(tmp_path / "tiny")
-    settings = bm.BenchmarkSettings(
+    settings = tp.BenchmarkSettings(
         model=str(tmp_path / "tiny"), batch_sizes=(2,), modes=("decode",), length_mode="eos", repeats=1,
         warmup=0, gemm_size=64, max_new_tokens=6, threads=1, train_batch_size=2, train_steps=1, train_warmup=0,
     )  # fmt: skip
     threads = torch.get_num_threads()
-    report = bm.run_benchmark(settings)
+    report = tp.run_benchmark(settings)
     assert torch.get_num_threads() == threads  # restored
-    assert bm.validate_report(report) == []
+    assert tp.validate_report(report) == []
     assert report["model"]["source"] == "directory"
     (entry,) = report["inference"]
     assert 2 <= entry["tokens_per_call"] <= 12 and entry["length_mode"] == "eos"
@@ -121,7 +127,7 @@ def test_validate_report_finds_problems(report):
     broken["inference"][0]["tokens_per_s"]["median"] = "fast"
     broken["inference"][1]["mode"] = "warp"
     broken["schema_version"] = 2
-    errors = bm.validate_report(broken)
+    errors = tp.validate_report(broken)
     assert any("missing 'torch_version'" in e for e in errors)
     assert any("inference[0].tokens_per_s.median" in e for e in errors)
     assert any("'warp'" in e for e in errors)
@@ -132,31 +138,31 @@ def test_decoder_flops_by_hand():
     # D 2, F 4, V 3, N 5, 1 layer; one row of 2 tokens.
     # per token (t): 2*2*6 + 2*2*2 + 2*2*2*2 + 4*5*2 + 2*2*2*4 = 24 + 8 + 16 + 40 + 32 = 120, + 4*(t+1)*2, + 2*2*3 = 12
     # t = 0: 120 + 8 + 12 = 140; t = 1: 120 + 16 + 12 = 148; prefill: 2*5*2*4 = 80
-    fl = bm.decoder_flops(dim=2, heads=1, layers=1, hidden=4, vocab_size=3, memory_len=5, lengths=[2])
+    fl = tp.decoder_flops(dim=2, heads=1, layers=1, hidden=4, vocab_size=3, memory_len=5, lengths=[2])
     assert fl == {"total": 368.0, "prefill": 80.0, "per_token_mean": 144.0}
-    two = bm.decoder_flops(dim=2, heads=1, layers=2, hidden=4, vocab_size=3, memory_len=5, lengths=[2, 1])
+    two = tp.decoder_flops(dim=2, heads=1, layers=2, hidden=4, vocab_size=3, memory_len=5, lengths=[2, 1])
     # 2 layers: prefill 2*80 per row; tokens: t=0 -> 2*(120+8)+12 = 268, t=1 -> 2*(120+16)+12 = 284
     assert two["total"] == 2 * 160 + 268 + 284 + 268
 
 
 def test_generated_lengths():
     ids = torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [2, 0, 0, 0]])
-    assert bm.generated_lengths(ids, eos_id=2, max_new_tokens=4, mode="eos") == [2, 4, 1]
-    assert bm.generated_lengths(ids, eos_id=2, max_new_tokens=4, mode="fixed") == [4, 4, 4]
+    assert tp.generated_lengths(ids, eos_id=2, max_new_tokens=4, mode="eos") == [2, 4, 1]
+    assert tp.generated_lengths(ids, eos_id=2, max_new_tokens=4, mode="fixed") == [4, 4, 4]
 
 
 def test_length_mode_restores_eos():
     model = namc.create_model("namc_tiny", pretraining=False)
     eos = model.tokenizer.eos_id
-    with bm.length_mode(model, "fixed"):
+    with tp.length_mode(model, "fixed"):
         assert model.fdg.eos_id == -1 and model.tokenizer.eos_id == -1
     assert model.fdg.eos_id == eos == model.tokenizer.eos_id
-    with pytest.raises(ValueError, match="length mode"), bm.length_mode(model, "forever"):
+    with pytest.raises(ValueError, match="length mode"), tp.length_mode(model, "forever"):
         pass
 
 
 def test_peak_memory_sees_a_large_allocation():
-    with bm.peak_memory(torch.device("cpu")) as mem:
+    with tp.peak_memory(torch.device("cpu")) as mem:
         block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
         del block
     if mem["method"] == "unavailable":
@@ -165,7 +171,7 @@ def test_peak_memory_sees_a_large_allocation():
 
 
 def test_summarize():
-    s = bm.summarize([2.0, 1.0, 4.0])
+    s = tp.summarize([2.0, 1.0, 4.0])
     assert s == {
         "median": 2.0,
         "min": 1.0,
@@ -190,12 +196,12 @@ def test_summarize():
 )
 def test_settings_reject_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        bm.BenchmarkSettings(**kwargs)
+        tp.BenchmarkSettings(**kwargs)
 
 
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(ValueError, match="neither a folder"):
-        bm.load_model("no_such_model", torch.device("cpu"))
+        tp.load_model("no_such_model", torch.device("cpu"))
 
 
 def test_omp_wait_policy_reruns_in_a_child_process(tmp_path, monkeypatch):
@@ -204,7 +210,7 @@ def test_omp_wait_policy_reruns_in_a_child_process(tmp_path, monkeypatch):
     out = tmp_path / "passive.json"
     argv = ["--model", "namc_tiny", "--batch-sizes", "1", "--modes", "decode", "--reference", "none"]
     argv += ["--omp-wait-policy", "passive", "--output", str(out), *QUICK]
-    assert bm.main(argv) == 0
+    assert tp.main(argv) == 0
     report = json.loads(out.read_text())
     assert report["machine"]["env"]["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert bm.validate_report(report) == []
+    assert tp.validate_report(report) == []

@@ -1,4 +1,4 @@
-"""The one place that reads (and writes) checkpoint files.
+"""The one place that reads (and writes) model files: weights, saved model folders, namc's Lightning checkpoints.
 
 Every pretrained part of namc (CLIP towers, the ResNet grid encoder, the VQGAN tokenizer, a trained NAMC) reads
 its weights through :func:`load_state_dict` and loads them through :func:`load_strict`:
@@ -8,22 +8,51 @@ its weights through :func:`load_state_dict` and loads them through :func:`load_s
 - wrapper layouts are undone in one function, :func:`clean_state_dict`;
 - a missing, unexpected (and not explicitly ignored) or mis-shaped key is an error that names the key; nothing is
   loaded with ``strict=False``.
+
+A saved model is a folder (``config.json`` + ``model.safetensors`` + tokenizer files, :func:`read_config` /
+:func:`write_config`); a Lightning ``.ckpt`` written by :mod:`namc.lit` carries, beside Lightning's own entries,
+one ``"namc"`` entry of plain data: the model's :class:`~namc.models.config.NAMCConfig` as a dict, its tokenizer as
+a dict and the namc version (:func:`checkpoint_entry`). Everything is read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from namc.models.config import NAMCConfig
+from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer, load_tokenizer, tokenizer_from_dict, tokenizer_to_dict
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["WeightsError", "clean_state_dict", "load_state_dict", "load_strict", "save_safetensors"]
+__all__ = [
+    "CONFIG_FILE",
+    "NAMC_KEY",
+    "WEIGHTS_FILE",
+    "WeightsError",
+    "checkpoint_entry",
+    "checkpoint_state_dict",
+    "clean_state_dict",
+    "load_state_dict",
+    "load_strict",
+    "read_checkpoint",
+    "read_config",
+    "read_tokenizer",
+    "save_safetensors",
+    "write_config",
+]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+NAMC_KEY = "namc"  # namc's entry in a Lightning checkpoint
 
 # How many offending key names an error message lists before it says "... and N more".
 _MAX_LISTED_KEYS = 8
@@ -141,7 +170,7 @@ def _load_error_advice(path: Path, exc: BaseException) -> str:
             " The file holds Python objects besides tensors (e.g. a training checkpoint's callbacks or"
             " hyper-parameters). If, and only if, you trust where the file came from, extract its weights once (this"
             " unpickles the file with code execution enabled) and pass the .safetensors file instead:\n"
-            '  python -c "import torch; from namc.models._weights import save_safetensors; '
+            '  python -c "import torch; from namc.models.io import save_safetensors; '
             f"ckpt = torch.load('{path}', map_location='cpu', weights_only=False); "
             f"save_safetensors(ckpt.get('state_dict', ckpt), '{target}')\""
         )
@@ -289,3 +318,72 @@ def save_safetensors(
             seen.add(tensor.untyped_storage().data_ptr())
         tensors[name] = tensor
     save_file(tensors, str(path), metadata=metadata)
+
+
+# ------------------------------------------------------------------------------------------------ saved models
+
+
+def write_config(directory: Path, config: NAMCConfig, version: str) -> None:
+    """Write ``config.json`` (the config with the namc version that wrote it)."""
+    (directory / CONFIG_FILE).write_text(json.dumps({"namc_version": version, **config.to_dict()}, indent=2))
+
+
+def checkpoint_entry(config: NAMCConfig, tokenizer: CaptionTokenizer, version: str) -> dict[str, Any]:
+    """The ``checkpoint["namc"]`` entry of a Lightning checkpoint: config, tokenizer and version, all plain data."""
+    return {"config": config.to_dict(), "tokenizer": tokenizer_to_dict(tokenizer), "version": version}
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a Lightning checkpoint safely (``weights_only=True``) and check it holds a namc entry.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file is not a namc Lightning checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors paged in only when used
+    if not isinstance(ckpt, dict) or NAMC_KEY not in ckpt or "state_dict" not in ckpt:
+        raise ValueError(
+            f"{path} is not a namc Lightning checkpoint (no '{NAMC_KEY}' entry): pass a .ckpt written by `namc fit` "
+            "or a folder written by save_pretrained"
+        )
+    return ckpt
+
+
+def checkpoint_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The NAMC weights of a LightningModule state dict (the module holds the network as ``self.model``)."""
+    return {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+
+
+def read_config(path: str | Path) -> NAMCConfig:
+    """The :class:`NAMCConfig` of a saved model: a ``save_pretrained`` folder or a namc ``.ckpt``."""
+    path = Path(path)
+    if not (path.is_file() or path.suffix == ".ckpt"):
+        cfg_path = path / CONFIG_FILE
+        if not cfg_path.is_file():
+            raise FileNotFoundError(
+                f"{cfg_path} not found: a NAMC model folder holds {CONFIG_FILE}, {WEIGHTS_FILE} and tokenizer.json, "
+                "as written by model.save_pretrained(dir) or `namc fit` / `namc demo`"
+            )
+        data = json.loads(cfg_path.read_text())
+        data.pop("namc_version", None)
+        return NAMCConfig.from_dict(data)
+    return NAMCConfig.from_dict(read_checkpoint(path)[NAMC_KEY]["config"])
+
+
+def read_tokenizer(path: str | Path) -> CaptionTokenizer:
+    """The tokenizer of a saved model: a folder with ``tokenizer.json`` or a namc ``.ckpt``."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / TOKENIZER_FILE).is_file():
+            raise FileNotFoundError(f"no {TOKENIZER_FILE} in {path}: expected a folder written by save_pretrained")
+        return load_tokenizer(path)
+    if path.is_file():
+        return tokenizer_from_dict(read_checkpoint(path)[NAMC_KEY]["tokenizer"], where=str(path))
+    raise FileNotFoundError(
+        f"saved model not found at {path}: expected a save_pretrained folder (config.json, model.safetensors, "
+        "tokenizer.json) or a Lightning .ckpt written by `namc fit`; run the pre-training first "
+        "(`namc fit --config configs/pretrain/namc_base.yaml` exports runs/pretrain_namc_base/model)"
+    )

@@ -10,19 +10,24 @@ import pytest
 import torch
 from PIL import Image
 
-from namc.data.benchmarks import (
+from namc.data.collate import SkipNone
+from namc.data.idc import (
+    BENCHMARKS,
     NO_CHANGE,
     AnnotationError,
+    BenchmarkDataset,
     ClevrChange,
     ClevrDC,
     ImageEditingRequest,
     SpotTheDiff,
     build_benchmark,
-    collate_skip_none,
+    check_benchmark_root,
+    list_datasets,
+    register_dataset,
 )
-from namc.lit.datamodules import BenchmarkDataModule
-from namc.data.shapes import generate_benchmark
+from namc.data.synthetic import generate_benchmark
 from namc.data.transforms import ImageTransform, to_rgb
+from namc.lit.datamodules import BenchmarkDataModule
 
 ITEM_KEYS = {"id", "image1", "image2", "captions", "change_type"}
 
@@ -217,7 +222,7 @@ def test_missing_and_corrupt_images(tmp_path: Path) -> None:
     corrupt = [i for i in range(len(ds)) if ds.entries[i][0] == "000002.png_n"][0]
     assert ds[corrupt] is None
     assert ds.issues.counts == {"missing_image": 1, "corrupt_image": 1}
-    batch = collate_skip_none([ds[corrupt], ds[0]])
+    batch = SkipNone(list)([ds[corrupt], ds[0]])  # the datamodules' collate wrapper around a plain list
     assert [b["id"] for b in batch] == ["000000.png"]
     strict = ClevrChange(tmp_path, "train", 16, on_error="raise")
     with pytest.raises(OSError, match="CLEVR_nonsemantic_000002.png|000002.png_n"):
@@ -245,6 +250,45 @@ def test_image_cache_reads_each_file_once_and_never_caches_failures(tmp_path: Pa
     assert fresh.issues.counts == {"corrupt_image": 2}
     with pytest.raises(ValueError, match="num_workers: 0 with cache_images"):
         BenchmarkDataModule("clevr_change", str(tmp_path), num_workers=2, cache_images=True)
+
+
+# -- registry --------------------------------------------------------------------------------------------------------
+
+
+def test_registry_holds_each_loader_with_its_download_hint(tmp_path: Path) -> None:
+    assert list_datasets() == ["clevr_change", "clevr_dc", "ier", "spot_the_diff"]
+    assert BENCHMARKS["ier"] is ImageEditingRequest and BENCHMARKS["clevr_dc"] is ClevrDC
+    for name in list_datasets():
+        cls = BENCHMARKS[name]
+        assert cls.name == name and cls.title and cls.layout and cls.url.startswith("https://") and cls.marker
+    with pytest.raises(FileNotFoundError, match=r"Spot-the-Diff not found at .*harsh19/spot-the-diff.*annotations"):
+        check_benchmark_root("spot_the_diff", tmp_path)
+    (tmp_path / "annotations").mkdir()
+    assert check_benchmark_root("spot_the_diff", str(tmp_path)) == tmp_path
+    with pytest.raises(ValueError, match="unknown benchmark 'coco'"):
+        check_benchmark_root("coco", tmp_path)
+
+
+def test_register_dataset_refuses_incomplete_or_duplicate_loaders() -> None:
+    class NoHint(BenchmarkDataset):
+        name = "no_hint"
+        title = "No-Hint"
+
+    with pytest.raises(TypeError, match="layout, url, marker"):
+        register_dataset(NoHint)
+
+    class Unnamed(BenchmarkDataset):  # inherits the base class's placeholder name
+        title, layout, url, marker = "Unnamed", "x", "https://example.org", "x"
+
+    with pytest.raises(TypeError, match="name"):
+        register_dataset(Unnamed)
+
+    class Twin(ClevrDC):
+        name = "clevr_dc"
+
+    with pytest.raises(ValueError, match="taken by ClevrDC"):
+        register_dataset(Twin)
+    assert "no_hint" not in BENCHMARKS and BENCHMARKS["clevr_dc"] is ClevrDC
 
 
 # -- transform -------------------------------------------------------------------------------------------------------

@@ -1,0 +1,238 @@
+"""Packing a JSONL manifest into tar shards (:func:`pack_corpus`), resumably.
+
+Shard ``i`` holds manifest lines ``[i * shard_size, (i + 1) * shard_size)`` that pass validation, is written to
+``.tar.partial`` and renamed when complete, and gets a sidecar ``shard-%06d.json`` with its counts and a digest of
+its manifest lines; a rerun skips shards whose tar and sidecar exist with the same digest and rewrites any other (a
+partial one, or one packed from different lines). ``index.json`` lists the shards and the totals. The format is
+described in :mod:`namc.data.corpus.shards`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from namc.data.corpus.records import IMAGE_ERRORS, CorpusRecord, RecordError, iter_manifest, parse_record, read_codes
+from namc.data.corpus.shards import INDEX_FILE, SHARD_PATTERN
+from namc.data.issues import IssueKind
+from namc.data.transforms import open_image
+
+__all__ = ["PackReport", "pack_corpus"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PackReport:
+    """What :func:`pack_corpus` did."""
+
+    out_dir: Path
+    shards: list[str] = field(default_factory=list)
+    n_lines: int = 0
+    n_samples: int = 0
+    n_resumed_shards: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def n_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+    def summary(self) -> str:
+        rate = self.n_rejected / self.n_lines if self.n_lines else 0.0
+        head = (
+            f"packed {self.n_samples} of {self.n_lines} records into {len(self.shards)} shards in {self.out_dir} "
+            f"({self.n_resumed_shards} already complete); rejected {self.n_rejected} ({100 * rate:.2f}%)"
+        )
+        if self.rejected:
+            head += ": " + ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items()))
+        return "\n".join([head] + [f"  {e}" for e in self.examples])
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    info.mtime = 0  # deterministic bytes for identical input
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _image_ext(path: Path) -> str:
+    ext = path.suffix.lower().lstrip(".")
+    return {"jpeg": "jpg"}.get(ext, ext) or "img"
+
+
+def _load_for_pack(rec: CorpusRecord, root: Path, verify_images: bool) -> dict[str, bytes]:
+    members: dict[str, bytes] = {}
+    for slot, rel in (("1", rec.image1), ("2", rec.image2)):
+        path = root / rel
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise RecordError(IssueKind.MISSING_IMAGE, f"image{slot} not found: {path}") from None
+        except OSError as err:
+            raise RecordError(IssueKind.CORRUPT_IMAGE, f"image{slot} unreadable: {path}: {err}") from None
+        if verify_images:
+            try:
+                open_image(data)
+            except IMAGE_ERRORS as err:
+                raise RecordError(IssueKind.CORRUPT_IMAGE, f"image{slot} does not decode: {path}: {err}") from None
+        members[f"{slot}.{_image_ext(path)}"] = data
+    if rec.codes is not None:
+        path = root / rec.codes
+        try:
+            data = path.read_bytes()
+            read_codes(data)
+        except (OSError, ValueError) as err:
+            raise RecordError(IssueKind.BAD_CODES, f"codes {path}: {err}") from None
+        members["codes.npy"] = data
+    return members
+
+
+def _write_shard(
+    lines: list[tuple[int, str]], root: Path, manifest: Path, tar_path: Path, verify_images: bool
+) -> dict[str, Any]:
+    """Writes one shard from its manifest lines; returns the sidecar dict."""
+    partial = tar_path.with_name(tar_path.name + ".partial")
+    rejected: dict[str, int] = {}
+    examples: list[str] = []
+    n = 0
+    with tarfile.open(partial, "w") as tar:
+        for line_no, line in lines:
+            where = f"{manifest}:{line_no}"
+            try:
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise RecordError(IssueKind.MALFORMED_LINE, f"invalid JSON: {err}") from None
+                rec = parse_record(obj)
+                members = _load_for_pack(rec, root, verify_images)
+            except RecordError as err:
+                rejected[err.kind.value] = rejected.get(err.kind.value, 0) + 1
+                examples.append(f"{where}: {err.kind.value}: {err}")
+                continue
+            key = f"{line_no - 1:09d}"
+            _add_member(tar, f"{key}.json", json.dumps(rec.to_json(with_paths=False), ensure_ascii=False).encode())
+            for ext, data in members.items():
+                _add_member(tar, f"{key}.{ext}", data)
+            n += 1
+    os.replace(partial, tar_path)
+    return {"samples": n, "rejected": rejected, "examples": examples[:20]}
+
+
+def _read_sidecar(path: Path) -> dict[str, Any] | None:
+    try:
+        side = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return side if isinstance(side, dict) and "samples" in side else None
+
+
+def _pack_shard(
+    index: int, lines: list[tuple[int, str]], manifest: Path, out: Path, verify_images: bool
+) -> tuple[str, dict[str, Any], bool]:
+    """Writes shard ``index`` from its manifest lines, unless a complete shard of the same lines exists.
+
+    Returns:
+        The shard's file name, its sidecar dict, and whether it was already complete (resumed).
+    """
+    tar_path = out / SHARD_PATTERN.format(index)
+    side_path = tar_path.with_suffix(".json")
+    digest = hashlib.blake2b("".join(line for _, line in lines).encode("utf-8"), digest_size=16).hexdigest()
+    side = _read_sidecar(side_path) if tar_path.exists() else None
+    if side is not None and side.get("lines_digest") == digest:
+        return tar_path.name, side, True
+    # missing, partial, or packed from other manifest lines / another shard size: (re)write it
+    side_path.unlink(missing_ok=True)
+    side = _write_shard(lines, manifest.parent, manifest, tar_path, verify_images)
+    side["lines_digest"] = digest
+    side_path.write_text(json.dumps(side, indent=1))
+    return tar_path.name, side, False
+
+
+def _shard_lines(manifest: Path, shard_size: int, n_shards: int) -> Iterator[tuple[int, list[tuple[int, str]]]]:
+    """Yields ``(shard index, [(line number, line), ...])`` for all ``n_shards`` shards, empty ones included."""
+    current: list[tuple[int, str]] = []
+    shard_index = 0
+    for line_no, line in iter_manifest(manifest):
+        idx = (line_no - 1) // shard_size
+        while idx > shard_index:
+            yield shard_index, current
+            current, shard_index = [], shard_index + 1
+        current.append((line_no, line))
+    while shard_index < n_shards:
+        yield shard_index, current
+        current, shard_index = [], shard_index + 1
+
+
+def _write_index(out: Path, manifest: Path, shard_size: int, report: PackReport) -> None:
+    index = {
+        "manifest": str(manifest),
+        "shard_size": shard_size,
+        "shards": [
+            {"file": s, "samples": json.loads((out / s).with_suffix(".json").read_text())["samples"]}
+            for s in report.shards
+        ],
+        "samples": report.n_samples,
+        "lines": report.n_lines,
+        "rejected": report.rejected,
+    }
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=1))
+
+
+def pack_corpus(
+    manifest: str | Path,
+    out_dir: str | Path,
+    shard_size: int = 1000,
+    verify_images: bool = True,
+    progress: bool = True,
+) -> PackReport:
+    """Packs a JSONL manifest into tar shards, validating descriptions, labels, codes and images.
+
+    Args:
+        manifest: the JSONL manifest (image paths relative to its folder).
+        out_dir: folder for ``shard-%06d.tar``, their ``.json`` sidecars and ``index.json``.
+        shard_size: manifest lines per shard.
+        verify_images: fully decode every image (catches truncated files; costs a decode per image).
+        progress: show a tqdm progress bar over manifest lines.
+
+    Returns:
+        A :class:`PackReport`; rejected lines are counted by :class:`IssueKind` value and the first ones listed.
+    """
+    from tqdm import tqdm
+
+    if shard_size <= 0:
+        raise ValueError("shard_size must be positive")
+    manifest = Path(manifest)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = PackReport(out_dir=out)
+
+    with open(manifest, encoding="utf-8") as f:
+        n_physical = sum(1 for _ in f)
+    n_shards = (n_physical + shard_size - 1) // shard_size
+    bar = tqdm(total=n_physical, desc=f"packing {manifest.name}", unit="line", disable=not progress)
+    for index, lines in _shard_lines(manifest, shard_size, n_shards):
+        name, side, resumed = _pack_shard(index, lines, manifest, out, verify_images)
+        if resumed:
+            report.n_resumed_shards += 1
+        report.shards.append(name)
+        report.n_samples += side["samples"]
+        for k, v in side["rejected"].items():
+            report.rejected[k] = report.rejected.get(k, 0) + v
+        report.examples.extend(side["examples"][: max(0, 20 - len(report.examples))])
+        bar.update(min(shard_size, n_physical - index * shard_size))
+    bar.close()
+
+    report.n_lines = sum(1 for _ in iter_manifest(manifest))
+    _write_index(out, manifest, shard_size, report)
+    logger.info(report.summary())
+    return report

@@ -1,0 +1,175 @@
+"""Pre-training corpus records: the JSONL manifest, its validation (:func:`parse_record`) and precomputed codes.
+
+Manifest (one JSON object per line; image paths relative to the manifest's folder, or absolute)::
+
+    {"id": "ip2p-0000001", "source": "ip2p",
+     "image1": "images/0000001_1.jpg", "image2": "images/0000001_2.jpg",
+     "description": "The difference between the two images is that the first image shows ..., while ...",
+     "verb1": "shows", "desc1": "...", "verb2": "shows", "desc2": "...",      # optional: parsed if absent
+     "noise1": [0, 0, 1, ...], "noise2": [...],                               # optional word-level noise labels
+     "codes": "codes/0000001.npy"}                                             # optional (2, N) VQGAN codes
+
+``source`` is a free string (``ip2p``, ``cc3m``, ``std``, ``shapes``, ...). ``noise1[k]`` is 1 when word
+``desc1.split()[k]`` is injected noise. ``codes`` is an ``.npy`` file (no pickle) holding two rows of N small
+non-negative integers: the VQGAN tokens of image 1 and image 2 (N = 196 at 224 px with f16).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from namc.data.issues import IssueKind
+from namc.text.template import TemplateError, normalize_whitespace, parse
+
+__all__ = [
+    "IMAGE_ERRORS",
+    "CorpusRecord",
+    "RecordError",
+    "iter_manifest",
+    "parse_record",
+    "read_codes",
+    "write_manifest",
+]
+
+IMAGE_ERRORS = (OSError, SyntaxError, ValueError)  # what decoding a bad image raises (UnidentifiedImageError: OSError)
+
+
+class RecordError(ValueError):
+    """A manifest or shard record is unusable; ``kind`` is the :class:`IssueKind` to count it under."""
+
+    def __init__(self, kind: IssueKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class CorpusRecord:
+    """One pair of the pre-training corpus (a manifest line)."""
+
+    id: str
+    source: str
+    image1: str
+    image2: str
+    description: str
+    verb1: str
+    desc1: str
+    verb2: str
+    desc2: str
+    noise1: list[int] | None = None
+    noise2: list[int] | None = None
+    codes: str | None = None
+
+    def to_json(self, with_paths: bool = True) -> dict[str, Any]:
+        """The manifest line (``with_paths=False``: the shard's ``{key}.json``, without image/codes paths)."""
+        out: dict[str, Any] = {"id": self.id, "source": self.source}
+        if with_paths:
+            out["image1"], out["image2"] = self.image1, self.image2
+        out.update(description=self.description, verb1=self.verb1, desc1=self.desc1, verb2=self.verb2, desc2=self.desc2)
+        if self.noise1 is not None:
+            out["noise1"] = self.noise1
+        if self.noise2 is not None:
+            out["noise2"] = self.noise2
+        if with_paths and self.codes is not None:
+            out["codes"] = self.codes
+        return out
+
+
+def _check_labels(labels: Any, desc: str, name: str) -> list[int] | None:
+    if labels is None:
+        return None
+    n_words = len(desc.split())
+    if not isinstance(labels, list) or not all(isinstance(x, int) and x in (0, 1) for x in labels):
+        raise RecordError(IssueKind.BAD_LABELS, f"{name} must be a list of 0/1 integers")
+    if len(labels) != n_words:
+        raise RecordError(IssueKind.BAD_LABELS, f"{name} has {len(labels)} labels for {n_words} words")
+    return labels
+
+
+def parse_record(obj: Any, with_paths: bool = True) -> CorpusRecord:
+    """Validates one decoded manifest line (or shard json) and returns the record.
+
+    The description is parsed with :func:`namc.text.template.parse`; halves given in the record must agree with it
+    (verbs compared lower-cased, descriptions after whitespace normalisation).
+
+    Args:
+        obj: the decoded JSON object.
+        with_paths: require ``image1``/``image2`` (manifest lines); shard records carry no paths.
+
+    Raises:
+        RecordError: with ``kind`` MALFORMED_LINE, OFF_TEMPLATE or BAD_LABELS.
+    """
+    if not isinstance(obj, dict):
+        raise RecordError(IssueKind.MALFORMED_LINE, f"expected a JSON object, got {type(obj).__name__}")
+    required = ("id", "source", "description") + (("image1", "image2") if with_paths else ())
+    for key in required:
+        if not isinstance(obj.get(key), str) or not obj[key].strip():
+            raise RecordError(IssueKind.MALFORMED_LINE, f"missing or empty string field {key!r}")
+    try:
+        parsed = parse(obj["description"])
+    except TemplateError as err:
+        raise RecordError(IssueKind.OFF_TEMPLATE, str(err)) from None
+    for key, value in parsed._asdict().items():
+        given = obj.get(key)
+        if given is None:
+            continue
+        if not isinstance(given, str):
+            raise RecordError(IssueKind.MALFORMED_LINE, f"field {key!r} must be a string")
+        same = given.strip().lower() == value if key.startswith("verb") else normalize_whitespace(given) == value
+        if not same:
+            raise RecordError(IssueKind.MALFORMED_LINE, f"field {key!r}={given!r} disagrees with the description")
+    codes = obj.get("codes")
+    if codes is not None and not isinstance(codes, str):
+        raise RecordError(IssueKind.MALFORMED_LINE, "field 'codes' must be a path string")
+    return CorpusRecord(
+        id=obj["id"],
+        source=obj["source"],
+        image1=obj.get("image1", ""),
+        image2=obj.get("image2", ""),
+        description=normalize_whitespace(obj["description"]),
+        verb1=parsed.verb1,
+        desc1=parsed.desc1,
+        verb2=parsed.verb2,
+        desc2=parsed.desc2,
+        noise1=_check_labels(obj.get("noise1"), parsed.desc1, "noise1"),
+        noise2=_check_labels(obj.get("noise2"), parsed.desc2, "noise2"),
+        codes=codes,
+    )
+
+
+def read_codes(data: bytes | str | Path) -> np.ndarray:
+    """Reads precomputed VQGAN codes: an ``.npy`` (no pickle) of shape (2, N) with non-negative integers.
+
+    Raises:
+        ValueError: wrong dtype, shape or negative values (OSError for an unreadable file).
+    """
+    src = io.BytesIO(data) if isinstance(data, bytes) else data
+    arr = np.load(src, allow_pickle=False)
+    if arr.ndim != 2 or arr.shape[0] != 2 or arr.shape[1] == 0:
+        raise ValueError(f"codes must have shape (2, N), got {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"codes must be integers, got {arr.dtype}")
+    if arr.size and arr.min() < 0:
+        raise ValueError("codes must be non-negative")
+    return arr
+
+
+def iter_manifest(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yields ``(line_number, line)`` for the non-blank lines of a JSONL file (line numbers are 1-based)."""
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if line.strip():
+                yield i, line
+
+
+def write_manifest(records: Sequence[CorpusRecord], path: str | Path) -> None:
+    """Writes records as a JSONL manifest (one compact JSON object per line)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")

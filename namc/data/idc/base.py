@@ -1,0 +1,234 @@
+"""The base of the image difference captioning (IDC) datasets: :class:`BenchmarkDataset` and shared JSON helpers.
+
+Every loader is a map-style ``torch.utils.data.Dataset`` whose items are::
+
+    {"id": str, "image1": Tensor (3, H, W) float in [0, 1], "image2": Tensor (3, H, W),
+     "captions": list[str], "change_type": str | None}
+
+Bad input: a malformed annotation file (invalid JSON, a missing key, a wrong type) raises
+:class:`AnnotationError` naming the file and the entry at once. A missing image is found when the dataset is built
+(one directory listing per folder), skipped and counted in :attr:`BenchmarkDataset.issues`; a corrupt image is
+found when read: with ``on_error="skip"`` (default) ``__getitem__`` counts it and returns ``None`` (the collate
+wrapper :class:`namc.data.collate.SkipNone` drops ``None`` items), with ``on_error="raise"`` it raises naming the
+file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from namc.data.issues import DataIssues, IssueKind
+from namc.data.transforms import ImageTransform, open_image
+
+__all__ = [
+    "NO_CHANGE",
+    "AnnotationError",
+    "BenchmarkDataset",
+    "caption_list",
+    "list_folder",
+    "load_json",
+    "normalise_split",
+    "read_numbered_captions",
+    "read_splits",
+    "read_type_mapping",
+]
+
+logger = logging.getLogger(__name__)
+
+NO_CHANGE = "no_change"
+_SPLIT_ALIASES = {"valid": "val", "validation": "val", "dev": "val"}
+_NUMBER_RE = re.compile(r"(\d+)(?:\.[A-Za-z]+)*$")
+
+
+class AnnotationError(ValueError):
+    """A benchmark annotation file is malformed; the message names the file and the entry."""
+
+
+def load_json(path: Path) -> Any:
+    """The decoded JSON file; FileNotFoundError if absent, :class:`AnnotationError` naming the position if invalid."""
+    if not path.exists():
+        raise FileNotFoundError(f"annotation file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise AnnotationError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+
+
+def image_number(name: Any, path: Path) -> int:
+    """``123``, ``"123"``, ``"123.png"``, ``"000123.png"``, ``"CLEVR_default_000123.png"`` -> 123."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        return name
+    if isinstance(name, str):
+        m = _NUMBER_RE.search(name.rsplit("_", 1)[-1])
+        if m:
+            return int(m.group(1))
+    raise AnnotationError(f"{path}: cannot read an image number from entry {name!r}")
+
+
+def caption_list(value: Any, path: Path, entry: str) -> list[str]:
+    """The stripped non-empty captions of one entry (``value`` must be a list of strings)."""
+    if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+        raise AnnotationError(f"{path}: entry {entry}: captions must be a list of strings")
+    return [c.strip() for c in value if c.strip()]
+
+
+def normalise_split(split: str) -> str:
+    """``train``, ``val`` or ``test`` (``valid``, ``validation`` and ``dev`` mean ``val``)."""
+    split = _SPLIT_ALIASES.get(split, split)
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"unknown split {split!r}; expected train, val or test")
+    return split
+
+
+def list_folder(folder: Path) -> set[str]:
+    """The names in an image folder (one listing, to check many images at once)."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder not found: {folder}")
+    return {e.name for e in os.scandir(folder)}
+
+
+class BenchmarkDataset(Dataset):
+    """Common item access: a list of ``(id, path1, path2, captions, change_type)`` entries and the transform.
+
+    A loader registered with :func:`namc.data.idc.registry.register_dataset` sets the class attributes below:
+    ``name`` (its registry name), ``title``, a one-line ``layout``, and the download hint ``url`` and ``marker``
+    (a path under the root that exists once the dataset is unpacked).
+    """
+
+    name: ClassVar[str] = "benchmark"
+    title: ClassVar[str] = ""
+    layout: ClassVar[str] = ""
+    url: ClassVar[str] = ""
+    marker: ClassVar[str] = ""
+
+    def __init__(self, image_size: int | None, on_error: Literal["skip", "raise"] = "skip") -> None:
+        if on_error not in ("skip", "raise"):
+            raise ValueError("on_error must be 'skip' or 'raise'")
+        self.transform = ImageTransform(image_size)
+        self.on_error = on_error
+        self.issues = DataIssues(self.name)
+        self.entries: list[tuple[str, Path, Path, list[str], str | None]] = []
+        self._pixels: dict[Path, np.ndarray] | None = None
+
+    def enable_image_cache(self) -> BenchmarkDataset:
+        """Keep every decoded image in memory (uint8, 3 x H x W bytes each) after its first read.
+
+        For small datasets read many times by one process (``num_workers=0``); decoding the PNGs was about a third
+        of a CPU fine-tuning step of the demo. Unreadable images are not cached: they fail (or are skipped and
+        counted) at every read.
+        """
+        if self._pixels is None:
+            self._pixels = {}
+        return self
+
+    def _load(self, path: Path) -> torch.Tensor:
+        if self._pixels is None:
+            return self.transform.load(path)
+        pixels = self._pixels.get(path)
+        if pixels is None:
+            pixels = self._pixels[path] = self.transform.pixels(open_image(path))
+        return self.transform.to_tensor(pixels)
+
+    def _add(
+        self,
+        item_id: str,
+        p1: Path,
+        p2: Path,
+        captions: list[str],
+        change_type: str | None,
+        listing: dict[Path, set[str]],
+    ) -> None:
+        for p in (p1, p2):
+            if p.parent not in listing:
+                listing[p.parent] = list_folder(p.parent)
+            if p.name not in listing[p.parent]:
+                self.issues.add(IssueKind.MISSING_IMAGE, str(p), f"item {item_id}")
+                return
+        if not captions:
+            self.issues.add(IssueKind.EMPTY_CAPTIONS, item_id, "no non-empty caption")
+            return
+        self.entries.append((item_id, p1, p2, captions, change_type))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> dict[str, Any] | None:
+        item_id, p1, p2, captions, change_type = self.entries[index]
+        try:
+            image1 = self._load(p1)
+            image2 = self._load(p2)
+        except (OSError, SyntaxError, ValueError) as err:
+            if self.on_error == "raise":
+                raise OSError(f"{self.name}: cannot read image of item {item_id}: {err}") from err
+            self.issues.add(IssueKind.CORRUPT_IMAGE, f"{p1} / {p2}", f"item {item_id}: {err}")
+            return None
+        self.issues.add_ok()
+        return {
+            "id": item_id,
+            "image1": image1,
+            "image2": image2,
+            "captions": list(captions),
+            "change_type": change_type,
+        }
+
+    def change_types(self) -> dict[str, int]:
+        """Items per change type (``None`` counted as ``"none"``)."""
+        out: dict[str, int] = {}
+        for e in self.entries:
+            key = e[4] or "none"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def _finish(self, root: Path, split: str) -> None:
+        if self.issues.skipped:
+            logger.warning("%s %s: %s", self.name, split, self.issues.summary())
+        logger.info("%s %s: %d items from %s", self.name, split, len(self.entries), root)
+
+
+def read_splits(path: Path, split: str) -> list[int]:
+    """The image numbers of ``split`` in a ``{"train": [int], "val": [...], "test": [...]}`` file."""
+    splits = load_json(path)
+    if not isinstance(splits, dict) or split not in splits:
+        raise AnnotationError(f"{path}: missing key {split!r}")
+    ids = splits[split]
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise AnnotationError(f"{path}: {split!r} must be a list of integers")
+    return ids
+
+
+def read_type_mapping(path: Path) -> dict[int, str]:
+    """Image number -> change type, from a ``{type: [image ids]}`` file."""
+    mapping = load_json(path)
+    if not isinstance(mapping, dict):
+        raise AnnotationError(f"{path}: expected an object {{type: [image ids]}}")
+    out: dict[int, str] = {}
+    for change_type, names in mapping.items():
+        if not isinstance(names, list):
+            raise AnnotationError(f"{path}: entry {change_type!r} must be a list of image ids")
+        for name in names:
+            out[image_number(name, path)] = change_type
+    return out
+
+
+def read_numbered_captions(path: Path) -> dict[int, list[str]]:
+    """Image number -> captions, from a ``{image name: [captions]}`` file (names such as ``"000123.png"``)."""
+    raw = load_json(path)
+    if not isinstance(raw, dict):
+        raise AnnotationError(f"{path}: expected an object {{image name: [captions]}}")
+    out: dict[int, list[str]] = {}
+    for key, caps in raw.items():
+        n = image_number(key, path)
+        if n in out:
+            raise AnnotationError(f"{path}: image number {n} appears twice (entry {key!r})")
+        out[n] = caption_list(caps, path, repr(key))
+    return out

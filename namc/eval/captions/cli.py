@@ -1,0 +1,62 @@
+"""``namc eval PREDICTIONS.json REFERENCES.json [--types TYPES.json] [--out RESULTS.json] [--no-spice]``.
+
+Scores a predictions file against a references file with :func:`~namc.eval.captions.evaluate_captions` and prints
+the table; the file formats are those of :mod:`namc.eval.captions.files`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+
+from namc.eval.captions.files import load_predictions, load_references, load_types, write_results
+from namc.eval.captions.metrics import METRIC_KEYS, evaluate_captions
+
+__all__ = ["main"]
+
+
+def _format(value: float | str) -> str:
+    """A score as the table prints it; SPICE's "unavailable (...)" as is."""
+    return f"{value:7.2f}" if isinstance(value, float) and not math.isnan(value) else f"{value}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Score a predictions file against a references file and print the table (``namc eval``).
+
+    Args:
+        argv: arguments after ``eval`` (default ``sys.argv[1:]``).
+
+    Returns:
+        Exit status: 0 on success, 2 on bad input or without pycocoevalcap (``pip install "namc[train]"``).
+    """
+    parser = argparse.ArgumentParser(
+        prog="namc eval",
+        description="Caption metrics x100 (PTB tokenizer; BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, SPICE).",
+    )
+    parser.add_argument("predictions", help='{"id": "caption"} or [{"image_id": ..., "caption": ...}]')
+    parser.add_argument("references", help='{"id": ["reference", ...]}')
+    parser.add_argument("--types", help='per-type scores: {"id": "type"} or {"type": ["id", ...]}')
+    parser.add_argument("--out", help="write scores and captions to this JSON file")
+    parser.add_argument("--no-spice", action="store_true", help="do not try SPICE")
+    args = parser.parse_args(argv)
+
+    try:
+        predictions = load_predictions(args.predictions)
+        references = load_references(args.references)
+        change_types = load_types(args.types) if args.types else None
+        scores = evaluate_captions(predictions, references, change_types=change_types, spice=not args.no_spice)
+    except (ValueError, ModuleNotFoundError) as err:  # bad input, or pycocoevalcap (an optional extra) missing
+        print(f"namc eval: error: {err}", file=sys.stderr)
+        return 2
+
+    rows = [("overall", scores["num_pairs"], scores["overall"])]
+    rows += [(t, scores["per_type_num_pairs"][t], s) for t, s in scores.get("per_type", {}).items()]
+    print(f"{'set':<12} {'n':>6}  " + "  ".join(f"{k:>7}" for k in METRIC_KEYS[:-1]) + "  SPICE")
+    for name, n, metrics in rows:
+        print(f"{name:<12} {n:>6}  " + "  ".join(_format(metrics[k]) for k in METRIC_KEYS))
+    print(f"scores x100; tokenizer PTB; CIDEr-D = pycocoevalcap Cider ({scores['num_pairs']} pairs)")
+    if args.out:
+        print(f"wrote {write_results(args.out, predictions, references, scores)}")
+    return 0

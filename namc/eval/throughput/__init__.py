@@ -1,0 +1,57 @@
+"""Throughput harness: the paper's Table 5 (parameters and generated tokens per second at inference) and more.
+
+``namc benchmark --model namc_base --batch-sizes 1 32 --threads 2 --output bench.json`` measures, in one process:
+
+- **Inference** (:mod:`.inference`) at each batch size and level (``decode`` from E_MIR, ``grid`` from ResNet grid
+  features, ``e2e`` from pixels), after warm-up, over several repeats (median and spread): generated tokens/s,
+  pairs/s, seconds per pair and peak memory (:mod:`.timing`).
+- **The naive reference decoders** (:mod:`.baselines`) in the same process, with the speed-up over them and whether
+  they produced the same ids.
+- **Dense matmul throughput** of the machine (:mod:`.machine`) and the **decode FLOP efficiency**: analytic decoder
+  FLOPs (:mod:`.flops`) per second at the median time over that matmul FLOP/s.
+- **Training throughput** (:mod:`.training`, optional): pre-training steps/s and pairs/s, and the cost of the
+  paper's pre-training run on this device.
+
+:func:`run_benchmark` (:mod:`.harness`) returns the report, a JSON-ready dict laid out as :data:`REPORT_SCHEMA`
+(:mod:`.schema`; docs/benchmark_schema.md is rendered from it by :mod:`.schema_doc`); :func:`validate_report` and
+:func:`format_table` (:mod:`.report`) read it; :func:`main` (:mod:`.cli`) is ``namc benchmark``. Every module here
+works with the core install (no Lightning, jsonargparse, pycocoevalcap, TensorBoard or matplotlib).
+"""
+
+from namc.eval.throughput.baselines import generate_reference, generate_uncached
+from namc.eval.throughput.cli import build_parser, main
+from namc.eval.throughput.flops import decoder_flops
+from namc.eval.throughput.harness import load_model, run_benchmark
+from namc.eval.throughput.inference import generated_lengths, length_mode, run_inference
+from namc.eval.throughput.machine import describe_machine, measure_matmul
+from namc.eval.throughput.report import format_table, validate_report
+from namc.eval.throughput.schema import REPORT_SCHEMA, SCHEMA_VERSION
+from namc.eval.throughput.settings import PAPER_TABLE5, BenchmarkSettings
+from namc.eval.throughput.timing import peak_memory, summarize, time_calls
+from namc.eval.throughput.training import run_training, synthetic_pretrain_batch
+
+__all__ = [
+    "PAPER_TABLE5",
+    "REPORT_SCHEMA",
+    "SCHEMA_VERSION",
+    "BenchmarkSettings",
+    "build_parser",
+    "decoder_flops",
+    "describe_machine",
+    "format_table",
+    "generate_reference",
+    "generate_uncached",
+    "generated_lengths",
+    "length_mode",
+    "load_model",
+    "main",
+    "measure_matmul",
+    "peak_memory",
+    "run_benchmark",
+    "run_inference",
+    "run_training",
+    "summarize",
+    "synthetic_pretrain_batch",
+    "time_calls",
+    "validate_report",
+]

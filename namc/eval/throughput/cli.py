@@ -1,0 +1,96 @@
+"""``namc benchmark``: the command line of the throughput harness (``main(argv)`` gets the arguments after
+``benchmark``).
+
+CPU threads: OpenMP's default lets idle worker threads spin. On a machine shared with other processes (a CI
+runner, a 2-core VM) the spinning threads take the cores the main thread needs, and small-batch decoding ran
+3-4x slower in our measurements (namc_base on 2 threads, batch 32: 123 tokens/s spinning vs 430 with
+``OMP_WAIT_POLICY=PASSIVE``). ``--omp-wait-policy passive`` re-runs the harness in a child process with it set
+(OpenMP reads it only when torch loads); every report records the threading variables in ``machine.env``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from namc.eval.throughput.harness import run_benchmark
+from namc.eval.throughput.report import format_table
+from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, MODES, REFERENCES, BenchmarkSettings
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``namc benchmark``: the :class:`BenchmarkSettings` fields, ``--omp-wait-policy``,
+    ``--output`` and ``--verbose``."""
+    d = BenchmarkSettings()
+    p = argparse.ArgumentParser(
+        prog="namc benchmark",
+        description="Inference and training throughput of a NAMC model (the paper's Table 5); "
+        "prints a table and optionally writes a JSON report (docs/benchmark_schema.md).",
+    )
+    p.add_argument("--model", default=d.model, help="preset name or save_pretrained folder (default %(default)s)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(d.batch_sizes), help="default: %(default)s")
+    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N (default %(default)s)")
+    p.add_argument("--dtype", default=d.dtype, choices=sorted(DTYPES), help="half precision on CUDA only")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="default %(default)s (appendix F)")
+    p.add_argument(
+        "--length-mode", default=d.length_mode, choices=LENGTH_MODES,
+        help="fixed: ignore [EOS], generate exactly max-new-tokens per pair; eos: stop at [EOS] (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument("--modes", nargs="+", default=list(d.modes), choices=MODES, help="default: %(default)s")
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument(
+        "--reference", default=d.reference, choices=REFERENCES,
+        help="naive decoder to compare with: decode (uncached FDG from the same memory), pixels "
+        "(generate_reference, re-encodes the images every step: slow), all, none (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument("--reference-repeats", type=int, default=d.reference_repeats)
+    p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoding step")
+    p.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="0 skips training (default)")
+    p.add_argument("--train-steps", type=int, default=d.train_steps)
+    p.add_argument("--train-warmup", type=int, default=d.train_warmup)
+    p.add_argument("--train-vqgan", action="store_true", help="run the VQGAN tokenizer inside each training step")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--omp-wait-policy", choices=("passive", "active"), default=None,
+        help="run with OMP_WAIT_POLICY set (OpenMP reads it when torch loads, so the benchmark re-runs itself in a "
+        "child process). passive stops idle OpenMP threads from spinning: on a machine shared with other "
+        "processes, spinning threads can slow small-batch decoding several-fold (default: the environment's)",
+    )  # fmt: skip
+    p.add_argument("--output", type=Path, default=None, help="write the JSON report here")
+    p.add_argument("--verbose", action="store_true", help="log progress")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``namc benchmark ...``: run, print the table, write the JSON report when ``--output`` is given."""
+    args = build_parser().parse_args(argv)
+    policy = args.omp_wait_policy
+    if policy is not None and os.environ.get("OMP_WAIT_POLICY", "").lower() != policy:
+        # OpenMP reads OMP_WAIT_POLICY once, when torch is imported: only a fresh process can apply it
+        env = dict(os.environ, OMP_WAIT_POLICY=policy.upper())
+        child_argv = list(sys.argv[1:] if argv is None else argv)
+        return subprocess.run([sys.executable, "-m", "namc.eval.throughput", *child_argv], env=env).returncode
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    fields = {f.name for f in dataclasses.fields(BenchmarkSettings)}
+    settings = BenchmarkSettings(**{k: v for k, v in vars(args).items() if k in fields})
+    report = run_benchmark(settings)
+    print(format_table(report))
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=2))
+        print(f"\nJSON report: {args.output}")
+    return 0

@@ -1,0 +1,109 @@
+"""One throughput run: load the model, probe the machine, time inference and training, assemble the report.
+
+The report is a JSON-ready dict whose layout is :data:`~namc.eval.throughput.schema.REPORT_SCHEMA`
+(docs/benchmark_schema.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from namc._version import __version__
+from namc.eval.throughput.inference import run_inference
+from namc.eval.throughput.machine import describe_machine, measure_matmul
+from namc.eval.throughput.schema import SCHEMA_VERSION
+from namc.eval.throughput.settings import DTYPES, PAPER_TABLE5, BenchmarkSettings
+from namc.eval.throughput.training import run_training
+from namc.models.namc import NAMC
+from namc.models.registry import create_model, list_models
+
+__all__ = ["load_model", "run_benchmark"]
+
+logger = logging.getLogger(__name__)
+
+
+def load_model(spec: str, device: torch.device) -> tuple[NAMC, str]:
+    """A preset name or a ``save_pretrained`` folder -> (model on ``device`` in eval mode, ``preset``/``directory``)."""
+    if Path(spec).is_dir():
+        return NAMC.from_pretrained(spec).to(device).eval(), "directory"
+    if spec in list_models():
+        return create_model(spec).to(device).eval(), "preset"
+    raise ValueError(f"--model {spec!r} is neither a folder written by save_pretrained nor a preset {list_models()}")
+
+
+def run_benchmark(settings: BenchmarkSettings, model: NAMC | None = None) -> dict[str, Any]:
+    """Run everything ``settings`` asks for and return the report (a JSON-ready dict, :data:`REPORT_SCHEMA`).
+
+    Args:
+        settings: what to measure.
+        model: an already built model (``settings.model`` then only names it in the report); it is moved to the
+            device, put in eval mode and, for half precision, converted.
+
+    ``settings.threads`` applies for the run; torch's previous thread count is restored afterwards.
+    """
+    threads = torch.get_num_threads()
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    try:
+        return _run(settings, model)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
+    device = torch.device(settings.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {settings.device!r} requested but CUDA is not available")
+    dtype = DTYPES[settings.dtype]
+    machine = describe_machine(device)
+    source = "object"
+    if model is None:
+        model, source = load_model(settings.model, device)
+    model = model.to(device).eval()
+    params = model.num_parameters()
+    if settings.compile:
+        model.fdg.compile_step()
+    logger.info("matmul reference: %d x %d %s", settings.gemm_size, settings.gemm_size, settings.dtype)
+    matmul = measure_matmul(device, dtype, settings.gemm_size)
+    if dtype != torch.float32:
+        model.to(dtype)
+    inference, reference = run_inference(model, settings, device, matmul["flops_per_s"])
+    training = run_training(model, settings, device) if settings.train_batch_size else None
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "namc_version": __version__,
+        "settings": dataclasses.asdict(settings)
+        | {"batch_sizes": list(settings.batch_sizes), "modes": list(settings.modes)},
+        "machine": machine,
+        "model": _model_entry(model, source, params),
+        "matmul": matmul,
+        "inference": inference,
+        "reference": reference,
+        "training": training,
+        "paper_table5": [dict(row) for row in PAPER_TABLE5],
+        "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _model_entry(model: NAMC, source: str, params: dict[str, int]) -> dict[str, Any]:
+    cfg = model.config
+    return {
+        "name": cfg.name,
+        "source": source,
+        "image_size": cfg.image_size,
+        "dim": cfg.dim,
+        "heads": cfg.heads,
+        "mir_layers": cfg.mir_layers,
+        "fdg_layers": cfg.fdg_layers,
+        "vocab_size": cfg.vocab_size,
+        "memory_positions": model.grid_size**2,
+        "parameters": params,
+    }

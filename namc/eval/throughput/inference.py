@@ -1,0 +1,220 @@
+"""Inference throughput: generated tokens/s at each batch size and level, and the naive decoders timed beside them.
+
+Dimension letters: B pairs, N grid positions, C grid channels, D width, T generated tokens.
+
+Levels (``mode``), each timed after warm-up over several repeats:
+
+- ``decode``: FDG generation from precomputed MIR memory E_MIR (B, N, D); includes FDG's once-per-pair
+  cross-attention key/value projection of the memory;
+- ``grid``: MIR interaction + FDG from precomputed ResNet grid features (the paper pre-extracts them, appendix E.2);
+- ``e2e``: from pixels, the ResNet grid included.
+
+Naive decoders (:mod:`.baselines`): ``reference="decode"`` runs :func:`generate_uncached` from the same memory,
+``"pixels"`` runs :func:`generate_reference` (it also re-encodes both images at every step, like the CLIP4IDC peer
+code). The speed-up is the ratio of median times; ``tokens_match`` says whether both decoders produced the same ids.
+
+Length modes: with random weights, generation stops at arbitrary lengths, so ``fixed`` (the default) disables [EOS]
+for the run and every row generates exactly ``max_new_tokens`` tokens; ``eos`` stops at [EOS] as in real use and
+counts the tokens generated up to and including each row's first [EOS].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from namc.eval.throughput.baselines import generate_reference, generate_uncached
+from namc.eval.throughput.flops import decoder_flops, fdg_shape
+from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, BenchmarkSettings
+from namc.eval.throughput.timing import peak_memory, summarize, time_calls
+from namc.models.namc import NAMC
+
+__all__ = ["generated_lengths", "length_mode", "run_inference"]
+
+logger = logging.getLogger(__name__)
+
+# settings.reference -> the naive decoders it times
+_NAIVE = {"none": (), "decode": ("decode",), "pixels": ("pixels",), "all": ("decode", "pixels")}
+# naive decoder -> the optimised level it is compared with
+_COMPARED_WITH = {"decode": "decode", "pixels": "e2e"}
+
+Call = Callable[[], torch.Tensor]
+
+
+@contextlib.contextmanager
+def length_mode(model: NAMC, mode: str) -> Iterator[None]:
+    """``fixed``: [EOS] is disabled for the duration (FDG's and the tokenizer's ``eos_id`` are set to -1, an id
+    no token has), so every row generates exactly ``max_new_tokens``; ``eos``: unchanged. Restored on exit."""
+    if mode not in LENGTH_MODES:
+        raise ValueError(f"length mode must be one of {LENGTH_MODES}, got {mode!r}")
+    if mode == "eos":
+        yield
+        return
+    saved = model.fdg.eos_id, model.tokenizer.eos_id
+    model.fdg.eos_id = -1
+    model.tokenizer.eos_id = -1
+    try:
+        yield
+    finally:
+        model.fdg.eos_id, model.tokenizer.eos_id = saved
+
+
+def generated_lengths(ids: torch.Tensor, eos_id: int, max_new_tokens: int, mode: str) -> list[int]:
+    """Tokens each row generated: ``max_new_tokens`` in ``fixed`` mode; in ``eos`` mode up to and including the
+    row's first [EOS] (``max_new_tokens`` when it produced none).
+
+    Args:
+        ids: (B, T) generated ids.
+        eos_id: the real [EOS] id.
+        max_new_tokens: the generation limit.
+        mode: ``fixed`` or ``eos``.
+    """
+    if mode == "fixed":
+        return [max_new_tokens] * ids.shape[0]
+    out = []
+    for row in ids.tolist():
+        out.append(row.index(eos_id) + 1 if eos_id in row else max_new_tokens)
+    return out
+
+
+def run_inference(
+    model: NAMC, settings: BenchmarkSettings, device: torch.device, matmul_flops: float | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Time every (batch size, mode) and the naive reference decoder; returns (inference, reference) entries."""
+    inference: list[dict[str, Any]] = []
+    reference: list[dict[str, Any]] = []
+    gen = torch.Generator().manual_seed(settings.seed)
+    for batch in settings.batch_sizes:
+        entries, refs = _run_batch(model, settings, device, batch, gen, matmul_flops)
+        inference += entries
+        reference += refs
+    return inference, reference
+
+
+def _decoders(
+    model: NAMC, settings: BenchmarkSettings, device: torch.device, batch: int, gen: torch.Generator
+) -> tuple[dict[str, Call], dict[str, Call]]:
+    """Random images of ``batch`` pairs; the optimised call of each level and the naive decoders, over them."""
+    size = model.config.image_size
+    pair = torch.rand(2, batch, 3, size, size, generator=gen)  # (2, B, 3, H, W) in [0, 1]
+    img1, img2 = (x.to(device, DTYPES[settings.dtype]) for x in pair)
+    n_new = settings.max_new_tokens
+    with torch.inference_mode():
+        grid = model.grid(torch.cat([img1, img2]))  # (2B, N, C)
+        grid1, grid2 = grid[:batch], grid[batch:]
+        memory = model.encode_pair(None, None, grid1, grid2)  # (B, N, D)
+    optimised = {
+        "decode": lambda: model.fdg.generate(memory, n_new),
+        "grid": lambda: model.generate_ids(None, None, n_new, grid_1=grid1, grid_2=grid2),
+        "e2e": lambda: model.generate_ids(img1, img2, n_new),
+    }
+    naive = {
+        "decode": lambda: generate_uncached(model.fdg, memory, n_new),
+        "pixels": lambda: generate_reference(model, img1, img2, n_new),
+    }
+    return optimised, naive
+
+
+def _run_batch(
+    model: NAMC,
+    settings: BenchmarkSettings,
+    device: torch.device,
+    batch: int,
+    gen: torch.Generator,
+    matmul_flops: float | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    optimised, naive = _decoders(model, settings, device, batch, gen)
+    eos_id = model.tokenizer.eos_id  # the real one: length_mode("fixed") hides it
+    entries: list[dict[str, Any]] = []
+    refs: list[dict[str, Any]] = []
+    timed: dict[str, tuple[dict[str, Any], torch.Tensor]] = {}
+    with length_mode(model, settings.length_mode):
+        for mode in settings.modes:
+            logger.info("inference: batch %d, %s", batch, mode)
+            entry, ids, lengths = _time_level(settings, device, batch, mode, optimised[mode], eos_id)
+            if mode == "decode":
+                entry["flops"] = _flops_entry(model, lengths, entry["time_s"]["median"], matmul_flops)
+            entries.append(entry)
+            timed[mode] = (entry, ids)
+        for ref in _NAIVE[settings.reference]:
+            logger.info("reference decoder: batch %d, %s", batch, ref)
+            against = _COMPARED_WITH[ref]
+            opt, opt_ids = timed.get(against, (None, None))
+            entry, ids = _time_reference(settings, device, batch, ref, naive[ref], eos_id, opt)
+            if opt_ids is None:  # the optimised level was not timed: still compare the tokens
+                opt_ids = optimised[against]()
+            entry["tokens_match"] = bool(opt_ids.shape == ids.shape and torch.equal(opt_ids, ids))
+            refs.append(entry)
+    return entries, refs
+
+
+def _time_level(
+    settings: BenchmarkSettings, device: torch.device, batch: int, mode: str, call: Call, eos_id: int
+) -> tuple[dict[str, Any], torch.Tensor, list[int]]:
+    """One ``inference`` entry (``flops`` left None), the ids of the last timed call and each row's length."""
+    times, ids = time_calls(call, device, settings.warmup, settings.repeats)
+    with peak_memory(device) as mem:
+        call()
+    lengths = generated_lengths(ids, eos_id, settings.max_new_tokens, settings.length_mode)
+    tokens = sum(lengths)
+    entry = {
+        "batch_size": batch,
+        "mode": mode,
+        "length_mode": settings.length_mode,
+        "max_new_tokens": settings.max_new_tokens,
+        "tokens_per_call": tokens,
+        "time_s": summarize(times),
+        "tokens_per_s": summarize([tokens / t for t in times]),
+        "pairs_per_s": summarize([batch / t for t in times]),
+        "latency_s_per_pair": statistics.median(times) / batch,
+        "peak_memory": mem,
+        "flops": None,
+    }
+    return entry, ids, lengths
+
+
+def _flops_entry(model: NAMC, lengths: list[int], median_s: float, matmul_flops: float | None) -> dict[str, Any]:
+    """The decode FLOP efficiency of a ``decode`` call: analytic FLOPs per second over the matmul's FLOP/s."""
+    fl = decoder_flops(**fdg_shape(model), lengths=lengths)
+    achieved = fl["total"] / median_s
+    return {
+        "per_call": fl["total"],
+        "prefill_per_call": fl["prefill"],
+        "per_token_mean": fl["per_token_mean"],
+        "achieved_per_s": achieved,
+        "matmul_per_s": matmul_flops,
+        "efficiency": achieved / matmul_flops if matmul_flops else None,
+    }
+
+
+def _time_reference(
+    settings: BenchmarkSettings,
+    device: torch.device,
+    batch: int,
+    ref: str,
+    call: Call,
+    eos_id: int,
+    optimised: dict[str, Any] | None,
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """One ``reference`` entry but ``tokens_match``, and the ids: the naive decoder ``ref`` (no warm-up) against
+    the optimised level's entry (None when that level was not timed: no speed-up then)."""
+    times, ids = time_calls(call, device, 0, settings.reference_repeats)
+    lengths = generated_lengths(ids, eos_id, settings.max_new_tokens, settings.length_mode)
+    tokens = sum(lengths)
+    entry = {
+        "batch_size": batch,
+        "mode": ref,
+        "compared_with": _COMPARED_WITH[ref],
+        "length_mode": settings.length_mode,
+        "max_new_tokens": settings.max_new_tokens,
+        "tokens_per_call": tokens,
+        "time_s": summarize(times),
+        "tokens_per_s": summarize([tokens / t for t in times]),
+        "speedup": statistics.median(times) / optimised["time_s"]["median"] if optimised else None,
+    }
+    return entry, ids

@@ -1,0 +1,106 @@
+"""The machine a run measured: what it is (:func:`describe_machine`), how fast it multiplies (:func:`measure_matmul`).
+
+The dense matmul throughput is the reference of the decoder's FLOP efficiency (:mod:`.flops`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from namc.eval.throughput.settings import THREADING_ENV
+from namc.eval.throughput.timing import summarize, time_calls
+from namc.models.fdg import onednn_linear_available
+
+__all__ = ["describe_machine", "measure_matmul"]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _gpu(device: torch.device) -> dict[str, Any] | None:
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "memory_bytes": int(props.total_memory),
+        "count": torch.cuda.device_count(),
+        "cuda_version": torch.version.cuda,
+    }
+
+
+def describe_machine(device: torch.device) -> dict[str, Any]:
+    """CPU model, cores, threads, load, memory, library versions and the GPU (if the device is one)."""
+    return {
+        "env": {name: os.environ.get(name) for name in THREADING_ENV},
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "memory_bytes": _memory_bytes(),
+        "platform": platform.platform(),
+        "python_version": platform.python_version(),
+        "torch_version": torch.__version__,
+        "mkl": torch.backends.mkl.is_available(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "device": str(device),
+        "gpu": _gpu(device),
+    }
+
+
+def measure_matmul(
+    device: torch.device, dtype: torch.dtype, size: int, warmup: int = 2, repeats: int = 5
+) -> dict[str, Any]:
+    """FLOP/s of a square ``size`` x ``size`` GEMM (2 size^3 FLOPs per call).
+
+    On a CPU in float32 the oneDNN kernel (``torch.ops.mkldnn._linear_pointwise``, the one FDG's decoding step
+    uses) is timed besides ``torch.mm`` (MKL or OpenBLAS); ``flops_per_s`` is the faster backend's median, so an
+    efficiency never looks better for using a different GEMM than the reference.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(device, dtype)
+    b = torch.randn(size, size, generator=gen).to(device, dtype)
+    flops = 2.0 * size**3
+    backends: dict[str, Callable[[], Any]] = {"torch.mm": lambda: torch.mm(a, b)}
+    if device.type == "cpu" and dtype == torch.float32 and onednn_linear_available():
+        backends["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+    results = {}
+    with torch.inference_mode():
+        for name, fn in backends.items():
+            times, _ = time_calls(fn, device, warmup, repeats)
+            results[name] = summarize([flops / t for t in times])
+    best = max(results, key=lambda k: results[k]["median"])
+    return {
+        "size": size,
+        "dtype": str(dtype).removeprefix("torch."),
+        "flops_per_call": flops,
+        "backends": results,
+        "best_backend": best,
+        "flops_per_s": results[best]["median"],
+    }

@@ -1,0 +1,291 @@
+"""The layout of the throughput report, stated once: :data:`REPORT_SCHEMA`, a JSON Schema with every field described.
+
+:func:`~namc.eval.throughput.report.validate_report` checks reports against it, and docs/benchmark_schema.md is
+rendered from it (:mod:`namc.eval.throughput.schema_doc`). Changes that remove or rename a field, or change a unit
+or meaning, bump :data:`SCHEMA_VERSION`; new optional fields may be added without a bump.
+
+The schema uses a subset of JSON Schema (``type``, ``required``, ``properties``, ``additionalProperties``,
+``items``, ``enum``, ``minimum``, ``const``, ``$ref`` and ``description``), so checking needs no extra package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, MODES, REFERENCES, THREADING_ENV, BenchmarkSettings
+
+__all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+
+
+def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
+    """A node of JSON type ``kind`` (a list: any of them) with further ``keywords`` (``minimum``, ``items``, ...)."""
+    return {"type": kind, **keywords, "description": description}
+
+
+def _enum(values: Any, description: str) -> dict[str, Any]:
+    return {"enum": list(values), "description": description}
+
+
+def _ref(name: str, description: str) -> dict[str, Any]:
+    """A node laid out as the shared definition ``name`` (``stats``, ``memory``)."""
+    return {"$ref": f"#/$defs/{name}", "description": description}
+
+
+def _object(properties: dict[str, Any], description: str | None = None, nullable: bool = False) -> dict[str, Any]:
+    """An object whose ``properties`` are all required (``nullable``: or null)."""
+    node = {
+        "type": ["object", "null"] if nullable else "object",
+        "required": list(properties),
+        "properties": properties,
+    }
+    return node if description is None else node | {"description": description}
+
+
+_STATS = _object(
+    {
+        "median": _field("number", "median over the calls (the figure to quote)"),
+        "min": _field("number", "smallest value"),
+        "max": _field("number", "largest value"),
+        "mean": _field("number", "arithmetic mean"),
+        "spread": _field("number", "`(max - min) / median` (0 for one call)", minimum=0),
+        "n": _field("integer", "number of timed calls", minimum=1),
+        "samples": _field("array", "the per-call values, in call order", items={"type": "number"}),
+    },
+    "summary of per-call values over the timed calls of one measurement",
+)
+_MEMORY = _object(
+    {
+        "method": _enum(
+            ["cuda_max_memory_allocated", "linux_vmhwm", "unavailable"],
+            "how it was measured: `cuda_max_memory_allocated` on a GPU, `linux_vmhwm` on a CPU under Linux",
+        ),
+        "peak_bytes": _field(
+            ["integer", "null"],
+            "GPU: `torch.cuda.max_memory_allocated` during the call (weights included). CPU: the process's peak "
+            "resident set (`VmHWM`, reset through `/proc/self/clear_refs` before the call)",
+        ),
+        "delta_bytes": _field(
+            ["integer", "null"],
+            "GPU: peak minus the memory allocated before the call. CPU: peak RSS minus the RSS before the call, after "
+            "freed heap memory was returned to the OS (`malloc_trim`); memory the allocator keeps from earlier calls "
+            "is not counted again",
+        ),
+    },
+    "peak memory of one extra call after the timed ones",
+)
+
+_LENGTH_MODE = "`fixed`: [EOS] disabled, every pair generates `max_new_tokens`; `eos`: generation stops at [EOS]"
+_SETTINGS = {
+    "model": _field("string", "preset name or `save_pretrained` folder"),
+    "batch_sizes": _field("array", "image pairs per call", items={"type": "integer", "minimum": 1}),
+    "device": _field("string", "`cpu`, `cuda`, `cuda:N`"),
+    "dtype": _enum(DTYPES, "half precision on CUDA only"),
+    "threads": _field(["integer", "null"], "`torch.set_num_threads` for the run (null: torch's default)"),
+    "max_new_tokens": _field("integer", "generation limit (23 in the paper, appendix F)", minimum=1),
+    "length_mode": _enum(LENGTH_MODES, _LENGTH_MODE),
+    "modes": _field("array", "levels measured", items={"enum": list(MODES)}),
+    "warmup": _field("integer", "untimed calls before each measurement", minimum=0),
+    "repeats": _field("integer", "timed calls per measurement", minimum=1),
+    "reference": _enum(REFERENCES, "the naive decoders timed (`all`: both)"),
+    "reference_repeats": _field("integer", "timed calls of each naive decoder (no warm-up)", minimum=1),
+    "gemm_size": _field("integer", "side of the square matmul", minimum=1),
+    "compile": _field("boolean", "FDG's decoding step ran under `torch.compile`"),
+    "train_batch_size": _field("integer", "pairs per training step (0: no training measurement)", minimum=0),
+    "train_steps": _field("integer", "timed training steps", minimum=1),
+    "train_warmup": _field("integer", "untimed training steps", minimum=0),
+    "train_vqgan": _field(
+        "boolean", "the VQGAN tokenizer ran inside each pre-training step (false: precomputed codes)"
+    ),
+    "seed": _field("integer", "seed of the synthetic inputs"),
+}
+
+_GPU = {
+    "name": _field("string", "`torch.cuda.get_device_properties(device).name`"),
+    "capability": _field("string", 'compute capability, e.g. `"8.6"`'),
+    "memory_bytes": _field("integer", "GPU memory"),
+    "count": _field("integer", "`torch.cuda.device_count()`"),
+    "cuda_version": _field(["string", "null"], "`torch.version.cuda`"),
+}
+_MACHINE = {
+    "env": {
+        "type": "object",
+        "required": list(THREADING_ENV),
+        "additionalProperties": {"type": ["string", "null"]},
+        "description": "the threading environment variables "
+        + ", ".join(f"`{name}`" for name in THREADING_ENV)
+        + " (null when unset): on a shared machine `OMP_WAIT_POLICY` alone can change CPU figures several-fold "
+        "(`namc benchmark --omp-wait-policy passive`)",
+    },
+    "cpu_model": _field("string", "`/proc/cpuinfo` model name (or `platform.processor()`)"),
+    "logical_cpus": _field(["integer", "null"], "`os.cpu_count()`"),
+    "usable_cpus": _field(["integer", "null"], "CPUs this process may run on (`os.sched_getaffinity`)"),
+    "torch_threads": _field("integer", "`torch.get_num_threads()` during the run"),
+    "torch_interop_threads": _field("integer", "`torch.get_num_interop_threads()`"),
+    "load_average": _field(
+        ["array", "null"],
+        "1, 5, 15-minute load averages when the run started: a shared machine's timings are only as good as this",
+        items={"type": "number"},
+    ),
+    "memory_bytes": _field(["integer", "null"], "total RAM"),
+    "platform": _field("string", "`platform.platform()`"),
+    "python_version": _field("string", "`platform.python_version()`"),
+    "torch_version": _field("string", "`torch.__version__`"),
+    "mkl": _field("boolean", "torch's MKL is available"),
+    "mkldnn": _field("boolean", "torch's oneDNN (MKL-DNN) is available"),
+    "device": _field("string", "the measured device"),
+    "gpu": _object(_GPU, "the GPU of CUDA runs, else null", nullable=True),
+}
+
+_PARAMETER_COUNTS = {
+    "total": "every module built, NIM and VQGAN included",
+    "inference": "grid + MIR + FDG, pre-training heads excluded: what captioning uses",
+    "grid": "the ResNet grid encoder",
+    "mir": "MIR, its pre-training heads included",
+    "fdg": "FDG",
+    "nim": "NIM (0 without the pre-training modules)",
+    "vqgan": "the VQGAN tokenizer (0 without the pre-training modules)",
+}
+_MODEL = {
+    "name": _field("string", "`config.name`"),
+    "source": _enum(["preset", "directory", "object"], "`object`: a model passed to `run_benchmark`"),
+    "image_size": _field("integer", "pixels per side"),
+    "dim": _field("integer", "width D"),
+    "heads": _field("integer", "attention heads"),
+    "mir_layers": _field("integer", "encoder (MIR) layers"),
+    "fdg_layers": _field("integer", "decoder (FDG) layers"),
+    "vocab_size": _field("integer", "V"),
+    "memory_positions": _field("integer", "N, grid positions per image (196 at 224 px)"),
+    "parameters": _object(
+        {name: _field("integer", meaning, minimum=0) for name, meaning in _PARAMETER_COUNTS.items()},
+        "`NAMC.num_parameters()`; the other counts that method returns are kept too",
+    ),
+}
+
+_MATMUL = {
+    "size": _field("integer", "side n of the square GEMM (default 1024: about the decoder's per-step work at batch "
+                   "32 for namc_base)"),
+    "dtype": _field("string", "the run's dtype"),
+    "flops_per_call": _field("number", "`2 n^3`"),
+    "backends": _field(
+        "object",
+        "backend name -> stats of FLOP/s: `torch.mm`, and on CPU in float32 `onednn` (the kernel FDG's decoding step "
+        "uses for large matrices)",
+        additionalProperties={"$ref": "#/$defs/stats"},
+    ),
+    "best_backend": _field("string", "the backend with the highest median"),
+    "flops_per_s": _field("number", "that median: the reference of `efficiency`", minimum=0),
+}  # fmt: skip
+
+_FLOPS = {
+    "per_call": _field("number", "analytic FLOPs of the call (`namc.eval.throughput.decoder_flops`)"),
+    "prefill_per_call": _field("number", "the part spent on the memory's cross-attention K/V (once per pair)"),
+    "per_token_mean": _field("number", "mean FLOPs of one generated token"),
+    "achieved_per_s": _field("number", "`per_call / time_s.median`"),
+    "matmul_per_s": _field(["number", "null"], "`matmul.flops_per_s`"),
+    "efficiency": _field(["number", "null"], "`achieved_per_s / matmul_per_s` (a fraction, 0.3 = 30 %)"),
+}
+_INFERENCE = {
+    "batch_size": _field("integer", "B", minimum=1),
+    "mode": _enum(MODES, "the level: `decode` from E_MIR, `grid` from ResNet grids, `e2e` from pixels"),
+    "length_mode": _enum(LENGTH_MODES, _LENGTH_MODE),
+    "max_new_tokens": _field("integer", "generation limit"),
+    "tokens_per_call": _field("integer", "generated tokens per call, summed over the B pairs", minimum=0),
+    "time_s": _ref("stats", "seconds per call"),
+    "tokens_per_s": _ref("stats", "generated tokens per second"),
+    "pairs_per_s": _ref("stats", "image pairs per second"),
+    "latency_s_per_pair": _field("number", "`time_s.median / B`; at B = 1 the latency of one pair"),
+    "peak_memory": _ref("memory", "peak memory of one call"),
+    "flops": _object(_FLOPS, "decode FLOP efficiency: `decode` entries only, else null", nullable=True),
+}
+
+_REFERENCE = {
+    "batch_size": _field("integer", "B", minimum=1),
+    "mode": _enum(
+        ["decode", "pixels"],
+        "the naive decoder: `decode` runs FDG without a cache from the same memory, `pixels` also re-encodes both "
+        "images at every step",
+    ),
+    "compared_with": _enum(["decode", "e2e"], "the optimised level it is compared with"),
+    "length_mode": _enum(LENGTH_MODES, _LENGTH_MODE),
+    "max_new_tokens": _field("integer", "generation limit"),
+    "tokens_per_call": _field("integer", "generated tokens per call", minimum=0),
+    "time_s": _ref("stats", "seconds per call"),
+    "tokens_per_s": _ref("stats", "generated tokens per second"),
+    "speedup": _field(
+        ["number", "null"], "naive `time_s.median` / optimised `time_s.median`; null when that level was not timed"
+    ),
+    "tokens_match": _field("boolean", "both decoders produced identical ids"),
+}
+
+_ESTIMATE = {
+    "pairs": _field("integer", "770,000 (section 3.1.1)"),
+    "epochs": _field("integer", "20 (appendix F)"),
+    "hours": _field("number", "pairs x epochs / `pairs_per_s.median` / 3600, on this device at this batch size"),
+    "hours_min": _field("number", "the same at the fastest step"),
+    "hours_max": _field("number", "the same at the slowest step"),
+}
+_TRAINING = {
+    "kind": _enum(
+        ["pretrain", "finetune"],
+        "`pretrain` (`namc.objectives.pretrain_step`: NIM + MIR + FDG) or `finetune` (`finetune_step`, for models "
+        "built without the pre-training modules)",
+    ),
+    "batch_size": _field("integer", "pairs per step", minimum=1),
+    "vqgan_in_step": _field(
+        "boolean", "the VQGAN tokenizer ran in the step (false: the batch carries precomputed codes)"
+    ),
+    "autocast_dtype": _field(
+        ["string", "null"], "`float16` / `bfloat16` under `torch.autocast` (fp32 weights, Adam), null in float32"
+    ),
+    "time_s": _ref("stats", "seconds per step: forward + backward + Adam step + zeroing gradients"),
+    "steps_per_s": _ref("stats", "steps per second"),
+    "pairs_per_s": _ref("stats", "image pairs per second"),
+    "peak_memory": _ref("memory", "peak memory of one step"),
+    "pretrain_estimate": _object(
+        _ESTIMATE, "`pretrain` only: the paper's pre-training run on this device", nullable=True
+    ),
+}
+
+_PAPER_ROW = {
+    "model": _field("string", "the method (and its year)"),
+    "parameters": _field("integer", "total parameters"),
+    "tokens_per_s": _field("number", "generated tokens per second at inference on one RTX 3090"),
+}
+
+#: JSON Schema of the report (see the module docstring for the subset it uses); docs/benchmark_schema.md renders it.
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "namc benchmark report",
+    **_object(
+        {
+            "schema_version": {"const": SCHEMA_VERSION, "description": "version of this layout"},
+            "created_utc": _field("string", "end of the run, `YYYY-MM-DDTHH:MM:SSZ`"),
+            "namc_version": _field("string", "`namc.__version__`"),
+            "settings": {
+                **_object(_SETTINGS, "the run's `BenchmarkSettings`"),
+                "required": [f.name for f in dataclasses.fields(BenchmarkSettings)],
+            },
+            "machine": _object(_MACHINE, "the machine"),
+            "model": _object(_MODEL, "the model"),
+            "matmul": _object(_MATMUL, "dense matmul throughput of the machine"),
+            "inference": _field("array", "one entry per (batch size, mode), in run order", items=_object(_INFERENCE)),
+            "reference": _field(
+                "array",
+                'one entry per (batch size, naive decoder); empty with `reference="none"`',
+                items=_object(_REFERENCE),
+            ),
+            "training": _object(_TRAINING, "training throughput; null when `train_batch_size` is 0", nullable=True),
+            "paper_table5": _field("array", "the paper's Table 5, for comparison", items=_object(_PAPER_ROW)),
+            "load_average_end": _field(
+                ["array", "null"],
+                "1, 5 and 15-minute load averages when the run ended (compare with `machine.load_average`)",
+                items={"type": "number"},
+            ),
+        },
+        "the report of one `namc benchmark` run",
+    ),
+    "$defs": {"stats": _STATS, "memory": _MEMORY},
+}

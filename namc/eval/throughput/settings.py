@@ -1,0 +1,114 @@
+"""What the throughput harness measures (:class:`BenchmarkSettings`) and the constants it reports against.
+
+Table 5 of the paper, the size of the paper's pre-training run, the inference levels, naive decoders and length modes
+the harness knows, and the environment variables that change CPU threading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "DTYPES",
+    "LENGTH_MODES",
+    "MODES",
+    "PAPER_TABLE5",
+    "PRETRAIN_EPOCHS",
+    "PRETRAIN_PAIRS",
+    "REFERENCES",
+    "THREADING_ENV",
+    "BenchmarkSettings",
+]
+
+#: Table 5 of the paper (inference on one RTX 3090, appendix F): total parameters and generated tokens per second.
+PAPER_TABLE5: tuple[dict[str, Any], ...] = (
+    {"model": "CLIP4IDC (2022)", "parameters": 173_700_000, "tokens_per_s": 1789.44},
+    {"model": "FINER (2024)", "parameters": 7_900_000_000, "tokens_per_s": 48.51},
+    {"model": "BLIP2IDC (2025)", "parameters": 3_800_000_000, "tokens_per_s": 106.17},
+    {"model": "NAMC (Ours)", "parameters": 64_200_000, "tokens_per_s": 2248.53},
+)
+PRETRAIN_PAIRS = 770_000  # section 3.1.1: "approximately 770K synthetic and real image pairs"
+PRETRAIN_EPOCHS = 20  # appendix F: "Pre-training is carried out for 20 epochs"
+
+MODES = ("decode", "grid", "e2e")
+REFERENCES = ("none", "decode", "pixels", "all")
+LENGTH_MODES = ("fixed", "eos")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: environment variables that change CPU threading behaviour; recorded in every report
+THREADING_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "KMP_BLOCKTIME")
+
+
+@dataclass
+class BenchmarkSettings:
+    """What to measure. Field names are the JSON ``settings`` keys (docs/benchmark_schema.md).
+
+    Attributes:
+        model: a preset name (``namc_base``, ``namc_tiny``) or a folder written by ``save_pretrained``.
+        batch_sizes: image pairs per call.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        dtype: ``float32``; ``float16`` / ``bfloat16`` on CUDA only.
+        threads: ``torch.set_num_threads`` (None: leave torch's default).
+        max_new_tokens: tokens generated per pair (23 in the paper, appendix F).
+        length_mode: ``fixed`` (EOS ignored: exactly ``max_new_tokens`` per pair) or ``eos``.
+        modes: inference levels among ``decode``, ``grid``, ``e2e``.
+        warmup: untimed calls before timing, per measurement.
+        repeats: timed calls per measurement.
+        reference: naive decoder to compare with: ``none``, ``decode``, ``pixels`` or ``all``.
+        reference_repeats: timed calls of the (slow) naive decoder.
+        gemm_size: side of the square matmul whose FLOP/s is the efficiency reference.
+        compile: ``torch.compile`` FDG's decoding step.
+        train_batch_size: pairs per training step; 0 skips the training measurement.
+        train_steps: timed training steps.
+        train_warmup: untimed training steps.
+        train_vqgan: run the VQGAN tokenizer in every pre-training step (default: precomputed codes, as packed
+            shards carry them).
+        seed: seeds the synthetic inputs.
+    """
+
+    model: str = "namc_tiny"
+    batch_sizes: tuple[int, ...] = (1, 32)
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    max_new_tokens: int = 23
+    length_mode: str = "fixed"
+    modes: tuple[str, ...] = MODES
+    warmup: int = 1
+    repeats: int = 5
+    reference: str = "decode"
+    reference_repeats: int = 1
+    gemm_size: int = 1024
+    compile: bool = False
+    train_batch_size: int = 0
+    train_steps: int = 3
+    train_warmup: int = 1
+    train_vqgan: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.batch_sizes = tuple(int(b) for b in self.batch_sizes)
+        self.modes = tuple(self.modes)
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"batch sizes must be positive, got {self.batch_sizes}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.length_mode not in LENGTH_MODES:
+            raise ValueError(f"length_mode must be one of {LENGTH_MODES}, got {self.length_mode!r}")
+        if self.reference not in REFERENCES:
+            raise ValueError(f"reference must be one of {REFERENCES}, got {self.reference!r}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad or not self.modes:
+            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes}")
+        if self.repeats < 1 or self.warmup < 0 or self.reference_repeats < 1:
+            raise ValueError("repeats and reference_repeats must be >= 1, warmup >= 0")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.train_batch_size < 0 or self.train_steps < 1 or self.train_warmup < 0:
+            raise ValueError("train_batch_size must be >= 0, train_steps >= 1, train_warmup >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if torch.device(self.device).type != "cuda" and self.dtype != "float32":
+            raise ValueError(f"{self.dtype} is measured on CUDA only; use float32 on {self.device}")

@@ -1,0 +1,202 @@
+"""Fine-tuning as a LightningModule: :class:`FinetuneModule` trains MIR + FDG on benchmark captions (NIM dropped),
+initialised from a pre-training checkpoint / saved folder or from scratch; validation and test generate captions
+(greedy, at most 23 tokens, appendix F) and score them with :mod:`namc.eval.captions` (``val/cider`` is CIDEr-D
+x100)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, caption_evaluator
+from namc.models import create_model, load_model
+from namc.objectives import FINETUNE_LR, finetune_step
+from namc.ops.distributed import broadcast_object, gather_objects
+from namc.text.tokenizer import CaptionTokenizer, same_tokenizer
+
+__all__ = ["FinetuneModule"]
+
+logger = logging.getLogger(__name__)
+
+
+class FinetuneModule(NAMCModule):
+    """Fine-tuning of MIR + FDG on an IDC benchmark (section 4), with caption metrics on validation and test.
+
+    Args:
+        model: a registered preset; ignored when ``pretrained`` is given (the saved config wins).
+        tokenizer: the caption tokenizer (LightningCLI links it from the datamodule, which reads it from
+            ``pretrained`` when that is set, else builds it from the benchmark's training captions).
+        pretrained: a pre-training Lightning ``.ckpt`` or a ``save_pretrained`` folder to start from; NIM, the
+            VQGAN and MIR's reconstruction head are dropped. None: train from scratch (the no-pre-training baseline).
+        overrides: :class:`~namc.models.namc.NAMCConfig` fields for a model built from scratch.
+        lr: initial lr of MIR + FDG (2e-4, appendix F).
+        min_lr: final lr of the cosine decay (1e-4; the paper gives none for fine-tuning).
+        warmup_steps: linear warm-up steps.
+        weight_decay: Adam's L2 penalty.
+        max_new_tokens: longest generated caption (23, appendix F).
+        num_beams: 1 = greedy (the paper).
+        cache_grids: memoise the frozen ResNet grid of every image in memory (the paper pre-extracts them); for
+            small datasets only.
+        grid_trainable: train the grid encoder too (None: as the model's config says; the paper keeps its
+            ImageNet ResNet frozen, a randomly initialised one, as in the CPU demo, is better trained).
+        spice: try SPICE in the metrics (reported "unavailable" when its jars are missing).
+        seed: base seed of the per-epoch reseeding (default: ``seed_everything``'s).
+    """
+
+    def __init__(
+        self,
+        model: str = "namc_tiny",
+        tokenizer: CaptionTokenizer | None = None,
+        pretrained: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        lr: float = FINETUNE_LR["mir_fdg"].lr,
+        min_lr: float = FINETUNE_LR["mir_fdg"].min_lr,
+        warmup_steps: int = 0,
+        weight_decay: float = 0.0,
+        max_new_tokens: int = 23,
+        num_beams: int = 1,
+        cache_grids: bool = False,
+        grid_trainable: bool | None = None,
+        spice: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(seed)
+        self.save_hyperparameters(ignore=["tokenizer"])
+        if pretrained is not None:
+            if overrides:
+                raise ValueError("a pretrained model fixes the architecture: leave overrides empty with pretrained")
+            net = load_model(pretrained, pretraining=False)
+            if tokenizer is not None and not same_tokenizer(tokenizer, net.tokenizer):
+                raise ValueError(
+                    f"the tokenizer given to FinetuneModule differs from the one saved with {pretrained}: the data "
+                    "must be tokenized with the pretrained model's tokenizer (LightningCLI links it; in Python build "
+                    f"the datamodule with tokenizer={str(pretrained)!r})"
+                )
+            if net.config.name != model:
+                logger.info("fine-tuning %s from %s (model=%r is ignored)", net.config.name, pretrained, model)
+        else:
+            overrides = dict(overrides or {})
+            _check_part_files(overrides)
+            net = create_model(model, tokenizer=tokenizer, **{"pretraining": False, **overrides})
+            if net.config.pretraining:
+                net.drop_pretraining_modules()
+        if grid_trainable is not None and grid_trainable != net.config.grid_trainable:
+            net.grid.set_frozen(not grid_trainable)
+            net.config = dataclasses.replace(net.config, grid_trainable=grid_trainable)
+        self.model = net
+        self._check_grid_cache(cache_grids)
+        self._outputs: dict[str, list[tuple[str, str, list[str], str | None]]] = {}
+        self.scores: dict[str, dict[str, Any]] = {}
+
+    # -------------------------------------------------------------------------------------------- data
+
+    def _grids_of(self, batch: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Memoised (B, N, C) grids of both images when ``cache_grids`` is on, else (None, None)."""
+        if not self.hparams.cache_grids:
+            return None, None
+        return self._cached_grid(batch, "1"), self._cached_grid(batch, "2")
+
+    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
+        if batch is None:  # every item of the batch was unreadable (counted by the dataset)
+            return None
+        grid1, grid2 = self._grids_of(batch)
+        out = finetune_step(self.model, {**batch, "grid1": grid1, "grid2": grid2})
+        self.log("train/loss", out["loss"].detach(), prog_bar=True, batch_size=batch["image1"].shape[0])
+        return out["loss"]
+
+    # -------------------------------------------------------------------------------------------- evaluation
+
+    def _generate(self, batch: dict[str, Any], stage: str) -> list[str]:
+        grid1, grid2 = self._grids_of(batch)
+        ids = self.model.generate_ids(
+            batch["image1"], batch["image2"], self.hparams.max_new_tokens, self.hparams.num_beams, grid1, grid2
+        )  # (B, T)
+        captions = [self.tokenizer.decode(row.tolist()) for row in ids]
+        store = self._outputs.setdefault(stage, [])
+        store.extend(zip(batch["ids"], captions, batch["references"], batch["change_types"]))
+        return captions
+
+    def _eval_step(self, batch: dict[str, Any] | None, stage: str) -> None:
+        if batch is None:
+            return
+        B = batch["image1"].shape[0]
+        grid1, grid2 = self._grids_of(batch)
+        out = finetune_step(self.model, {**batch, "grid1": grid1, "grid2": grid2})
+        self.log(f"{stage}/loss", out["loss"], batch_size=B, sync_dist=True)
+        self._generate(batch, stage)
+
+    def validation_step(self, batch: dict[str, Any] | None, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Any] | None, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._finish("test")
+
+    def _finish(self, stage: str) -> None:
+        local = self._outputs.pop(stage, [])
+        if self.trainer.sanity_checking:
+            return
+        merged: dict[str, tuple[str, list[str], str | None]] = {}
+        for part in gather_objects(local):  # a DistributedSampler pads with repeats: keep one per id
+            for key, caption, refs, ctype in part:
+                merged.setdefault(key, (caption, refs, ctype))
+        log_dir = self.trainer.log_dir  # a collective under DDP: every rank asks, before rank 0 works alone
+        scores = None
+        if self.global_rank == 0 and merged:
+            scores = self._score(stage, merged, log_dir)
+        scores = broadcast_object(scores)
+        if scores is None:
+            return
+        self.scores[stage] = scores
+        for name, value in scores["overall"].items():
+            if isinstance(value, float):
+                # every rank holds rank 0's value: sync_dist averages identical numbers (and keeps Lightning quiet)
+                self.log(
+                    f"{stage}/{_METRIC_LOG_NAMES.get(name, name)}", value, prog_bar=name == "CIDEr-D", sync_dist=True
+                )
+        for ctype, per in scores.get("per_type", {}).items():
+            if isinstance(per.get("CIDEr-D"), float):
+                self.log(f"{stage}/cider_{ctype}", per["CIDEr-D"], sync_dist=True)
+
+    def _score(
+        self, stage: str, merged: dict[str, tuple[str, list[str], str | None]], log_dir: str | None
+    ) -> dict[str, Any]:
+        from namc.eval.captions import write_results
+
+        predictions = {k: v[0] for k, v in merged.items()}
+        references = {k: v[1] for k, v in merged.items()}
+        types = {k: v[2] for k, v in merged.items()}
+        change_types = types if all(t is not None for t in types.values()) else None
+        scores = caption_evaluator(self.hparams.spice).evaluate(predictions, references, change_types=change_types)
+        if log_dir is not None:
+            name = f"{stage}_epoch{self.current_epoch:03d}.json" if stage == "val" else f"{stage}.json"
+            path = write_results(Path(log_dir) / "captions" / name, predictions, references, scores)
+            logger.info("%s captions and scores written to %s", stage, path)
+        return scores
+
+    def predict_step(self, batch: dict[str, Any] | None, batch_idx: int) -> list[dict[str, str]]:
+        if batch is None:
+            return []
+        grid1, grid2 = self._grids_of(batch)
+        ids = self.model.generate_ids(
+            batch["image1"], batch["image2"], self.hparams.max_new_tokens, self.hparams.num_beams, grid1, grid2
+        )  # (B, T)
+        return [{"id": k, "caption": self.tokenizer.decode(row.tolist())} for k, row in zip(batch["ids"], ids)]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        h = self.hparams
+        groups = self.model.param_groups()
+        return self._adam(
+            [{"name": "mir_fdg", "params": groups["mir_fdg"], "lr": h.lr, "min_lr": h.min_lr}],
+            h.warmup_steps,
+            h.weight_decay,
+        )

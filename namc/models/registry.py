@@ -1,0 +1,103 @@
+"""timm-style model registry: ``@register_model`` presets, ``list_models``, ``create_model``, and ``load_model`` for
+a saved model (a ``save_pretrained`` folder or a namc Lightning ``.ckpt``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from namc.models.config import NAMCConfig
+from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint
+from namc.models.namc import NAMC
+from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer, tokenizer_from_dict
+from namc.text.vocab import default_word_texts
+
+__all__ = ["create_model", "list_models", "load_model", "model_config", "register_model"]
+
+logger = logging.getLogger(__name__)
+
+_PRESETS: dict[str, Callable[[], NAMCConfig]] = {}
+# Pretrained-part paths are only needed to initialise a fresh model; a saved model holds all the weights.
+_PART_PATHS = ("clip_pretrained", "grid_pretrained", "vqgan_pretrained")
+
+
+def register_model(fn: Callable[[], NAMCConfig]) -> Callable[[], NAMCConfig]:
+    """Register a preset: a function named after the model that returns its :class:`NAMCConfig`."""
+    _PRESETS[fn.__name__] = fn
+    return fn
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Names of the registered presets matching a shell-style ``pattern``."""
+    return sorted(n for n in _PRESETS if fnmatch.fnmatch(n, pattern))
+
+
+def model_config(name: str, **overrides: Any) -> NAMCConfig:
+    """The :class:`NAMCConfig` of preset ``name`` with ``overrides`` applied (unknown keys are an error)."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown model {name!r}; available: {list_models()}")
+    cfg = _PRESETS[name]()
+    known = {f.name for f in dataclasses.fields(NAMCConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown overrides {unknown} for {name}; valid keys: {sorted(known)}")
+    return dataclasses.replace(cfg, **overrides)
+
+
+def create_model(
+    name: str, pretrained: str | Path | None = None, tokenizer: CaptionTokenizer | None = None, **overrides: Any
+) -> NAMC:
+    """Build a NAMC model.
+
+    Args:
+        name: a preset from :func:`list_models` (``namc_base`` is the paper, ``namc_tiny`` runs on a CPU).
+        pretrained: a folder written by ``save_pretrained`` (``config.json`` + ``model.safetensors``) or a namc
+            Lightning ``.ckpt``; its config and tokenizer win over the preset. Pretrained CLIP / ResNet / VQGAN parts
+            are set with the ``clip_pretrained``, ``grid_pretrained`` and ``vqgan_pretrained`` overrides (local files).
+        tokenizer: the caption tokenizer; by default CLIP's BPE (+[MASK]) for ``tokenizer="clip_bpe"`` presets and
+            a small CLEVR-style word vocabulary for ``tokenizer="word"`` presets.
+        **overrides: :class:`NAMCConfig` fields.
+
+    Returns:
+        the model (training mode when built from a preset, eval mode when loaded from ``pretrained``).
+    """
+    if pretrained is not None:
+        if overrides or tokenizer is not None:
+            raise ValueError("a pretrained folder fixes the config and tokenizer: no overrides with pretrained=")
+        return load_model(pretrained).eval()
+    cfg = model_config(name, **overrides)
+    if tokenizer is None:
+        tokenizer = ClipBPETokenizer() if cfg.tokenizer == "clip_bpe" else WordTokenizer.build(default_word_texts())
+    cfg = dataclasses.replace(cfg, tokenizer="clip_bpe" if isinstance(tokenizer, ClipBPETokenizer) else "word")
+    cfg = dataclasses.replace(cfg, vocab_size=tokenizer.vocab_size)
+    return NAMC(cfg, tokenizer)
+
+
+def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
+    """Load a NAMC from a ``save_pretrained`` folder or a namc Lightning ``.ckpt`` (strict: every key must match).
+
+    Args:
+        path: the folder or the ``.ckpt`` file.
+        pretraining: ``False`` drops NIM, the VQGAN and MIR's reconstruction head after loading (fine-tuning and
+            inference need none of them); ``None`` keeps the model as saved.
+
+    Returns:
+        the model, in training mode.
+    """
+    path = Path(path)
+    if path.is_dir():
+        model = NAMC.from_pretrained(path).train()
+    else:
+        ckpt = read_checkpoint(path)
+        entry = ckpt[NAMC_KEY]
+        config = NAMCConfig.from_dict({**entry["config"], **dict.fromkeys(_PART_PATHS)})
+        model = NAMC(config, tokenizer_from_dict(entry["tokenizer"], where=str(path)))
+        load_strict(model, checkpoint_state_dict(ckpt), what=f"NAMC weights from {path}")
+    if pretraining is False and model.config.pretraining:
+        model.drop_pretraining_modules()
+    logger.info("loaded %s from %s", model.config.name, path)
+    return model

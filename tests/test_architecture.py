@@ -1,0 +1,198 @@
+"""The package's shape: imports point down the layers, no import cycles, Lightning only in namc.lit, and the model
+library (create, load, generate, describe, benchmark) works with the training stack blocked."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "namc"
+GOLDEN = ROOT / "tests" / "data" / "golden"
+
+# ops <- text <- models <- objectives / data <- eval <- lit / cli (a module may import its own layer or below)
+RANKS = {"ops": 0, "_version": 0, "text": 1, "models": 2, "objectives": 3, "data": 3, "eval": 4, "lit": 5}
+TOP = 6  # namc/__init__.py, __main__.py, cli.py, inference.py
+TRAINING_STACK = ("lightning", "pytorch_lightning", "jsonargparse")
+OPTIONAL = ("pycocoevalcap", "tensorboard", "matplotlib")  # extras: imported inside the functions that need them
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _rank(module: str) -> int:
+    parts = module.split(".")
+    return TOP if len(parts) == 1 else RANKS.get(parts[1], TOP)
+
+
+def _imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module top level) for every import statement of a file, nested ones included."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(node) for node in tree.body}
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((base, node.lineno, id(node) in top))
+            found += [(f"{base}.{alias.name}", node.lineno, id(node) in top) for alias in node.names]
+    return found
+
+
+FILES = sorted(PACKAGE.rglob("*.py"))
+
+
+def _namc_modules() -> set[str]:
+    return {_module_name(f) for f in FILES}
+
+
+def test_imports_point_down_the_layers() -> None:
+    known = _namc_modules()
+    upward = []
+    for path in FILES:
+        me = _module_name(path)
+        for target, line, _ in _imports(path):
+            if target not in known or target == "namc":
+                continue
+            same_package = target.split(".")[:2] == me.split(".")[:2]
+            if not same_package and _rank(target) >= _rank(me) and _rank(me) != TOP:
+                upward.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not upward, "imports against the layering (ops <- text <- models <- objectives/data <- eval <- lit):\n" + (
+        "\n".join(upward)
+    )
+
+
+def test_the_training_stack_is_imported_only_in_namc_lit() -> None:
+    offending = []
+    for path in FILES:
+        inside_lit = _module_name(path).startswith("namc.lit")
+        for target, line, at_top in _imports(path):
+            root = target.split(".")[0]
+            if root in TRAINING_STACK and not inside_lit:
+                offending.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+            if root in OPTIONAL and at_top and not inside_lit:
+                offending.append(f"{path.relative_to(ROOT)}:{line} imports {target} at module level")
+    assert not offending, "\n".join(offending)
+
+
+def test_no_import_cycles_between_modules() -> None:
+    known = _namc_modules()
+    graph: dict[str, set[str]] = {}
+    for path in FILES:
+        me = _module_name(path)
+        graph[me] = {t for t, _, at_top in _imports(path) if at_top and t in known and t != me and t != "namc"}
+    # a package's __init__ re-exporting its own submodules is not a cycle: drop edges from a package to its children
+    for me, targets in graph.items():
+        graph[me] = {t for t in targets if not t.startswith(me + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt) :] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in FILES if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+
+
+_BLOCKER = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the core-install test)", name=name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _run_core(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    script = _BLOCKER.format(blocked=(*TRAINING_STACK, *OPTIONAL)) + textwrap.dedent(code)
+    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_model_library_works_without_the_training_stack(tmp_path: Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (70, 50), (200, 30, 30)).save(tmp_path / "a.png")
+    Image.new("RGB", (64, 64), (30, 30, 200)).save(tmp_path / "b.png")
+    code = f"""
+    import contextlib, io, json, sys
+    import torch
+    import namc
+    from namc.cli import main
+    model = namc.from_pretrained({str(GOLDEN / "namc_tiny")!r})
+    g = torch.Generator().manual_seed(123)
+    x1, x2 = torch.rand(3, 3, 64, 64, generator=g), torch.rand(3, 3, 64, 64, generator=g)
+    ids = model.generate_ids(x1, x2).tolist()
+    fresh = namc.create_model("namc_tiny").eval()
+    caption = namc.describe(model, "a.png", "b.png")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        described = main(["describe", "a.png", "b.png", "--model", {str(GOLDEN / "namc_tiny")!r}])
+        try:
+            main(["benchmark", "--help"])
+        except SystemExit as exit:
+            bench_help = exit.code
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        fit = main(["fit", "--help"])
+    heavy = sorted({{"lightning", "jsonargparse", "pycocoevalcap", "tensorboard", "matplotlib"}} & set(sys.modules))
+    print(json.dumps({{"ids": ids, "caption": caption, "cli": out.getvalue().splitlines()[0], "described": described,
+                      "bench_help": bench_help, "fit": fit, "fit_err": err.getvalue(), "heavy": heavy}}))
+    """
+    proc = _run_core(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = json.loads((GOLDEN / "expected.json").read_text())
+    assert result["ids"] == expected["ids"]
+    assert result["described"] == 0 and result["cli"] == result["caption"]
+    assert result["bench_help"] == 0
+    assert result["fit"] == 2 and 'pip install "namc[train]"' in result["fit_err"]
+    assert result["heavy"] == []
+
+
+def test_import_namc_is_cheap_and_versioned() -> None:
+    code = "import sys, namc; print(namc.__version__, 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    version, torch_loaded = proc.stdout.split()
+    assert version.count(".") == 2 and torch_loaded == "False"
+    proc = subprocess.run([sys.executable, "-m", "namc", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"namc {version}"
+
+
+@pytest.mark.parametrize("name", ["NAMC", "create_model", "describe", "from_pretrained", "load_model", "ops"])
+def test_public_names_resolve(name: str) -> None:
+    import namc
+
+    assert getattr(namc, name) is not None and name in dir(namc)
