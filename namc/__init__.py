@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from namc._version import __version__
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from namc.inference import describe  # noqa: F401
     from namc.models import (  # noqa: F401
         NAMC,
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
         model_config,
         register_model,
     )
+    from namc.models.hub import push_to_hub  # noqa: F401
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -37,17 +40,27 @@ _EXPORTS = {
     "model_config": "namc.models",
     "register_model": "namc.models",
     "describe": "namc.inference",
+    "push_to_hub": "namc.models.hub",
 }
 _SUBPACKAGES = ("data", "eval", "lit", "models", "objectives", "ops", "text")
 
 __all__ = [*sorted(_EXPORTS), "__version__", "from_pretrained"]
 
 
-def from_pretrained(directory: Any, map_location: Any = "cpu") -> NAMC:
-    """Load a model folder written by ``save_pretrained`` (strict; eval mode): :meth:`NAMC.from_pretrained`."""
-    from namc.models import NAMC
+def from_pretrained(directory: str | Path, map_location: Any = "cpu", **kwargs: Any) -> NAMC:
+    """Load a saved model (strict; eval mode): :meth:`NAMC.from_pretrained` of a folder written by
+    ``save_pretrained``, or of a Hugging Face Hub id ``hf-hub:org/name[@revision]``, resolved through
+    huggingface_hub's cache and offline mode (:func:`namc.models.hub.resolve_model_path`).
 
-    return NAMC.from_pretrained(directory, map_location)
+    Args:
+        directory: the model folder or the Hub id.
+        map_location: the device the weights go to.
+        **kwargs: passed on to :meth:`NAMC.from_pretrained`.
+    """
+    from namc.models import NAMC
+    from namc.models.hub import resolve_model_path
+
+    return NAMC.from_pretrained(resolve_model_path(directory), map_location, **kwargs)
 
 
 def __getattr__(name: str) -> Any:

@@ -2,13 +2,19 @@
 
 (The module is ``namc.inference``, not ``namc.describe``, so that ``namc.describe`` stays the function.)
 
-Both take a saved model (a ``save_pretrained`` folder or a namc Lightning ``.ckpt``) through the one loader,
-:func:`namc.models.load_model`, and read images through :func:`namc.data.transforms.open_image`.
+Both take a saved model (a ``save_pretrained`` folder, a Hub id or a namc Lightning ``.ckpt``) through the one
+loader, :func:`namc.models.load_model`, and read images through :func:`namc.data.transforms.open_image`.
+
+``namc describe`` never answers a user's mistake with a traceback: it prints one line, ``namc describe: error:
+...``, naming the file and what to do, and exits with 2 for a usage error (a bad option value, a path that does not
+exist or is a directory, a device that is not there) or 1 for a file that cannot be used (an image that is corrupt
+or over the pixel cap, damaged or mismatched weights, an unreadable config or tokenizer, a pickle checkpoint).
 """
 
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,8 +22,9 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from namc.data.transforms import ImageTransform, open_image
-from namc.models import NAMC, load_model
+from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform
+from namc.models import NAMC, list_models, load_model
+from namc.models.files import WeightsError
 
 ImageLike = str | Path | Image.Image
 
@@ -25,14 +32,18 @@ __all__ = ["describe", "main"]
 
 
 def _load(image: ImageLike, transform: ImageTransform) -> torch.Tensor:
-    """(3, H, W) tensor of a PIL image or an image file; a missing or unreadable file names itself."""
+    """(3, H, W) tensor of a PIL image or an image file; a missing, unreadable or oversized file names itself."""
     if isinstance(image, Image.Image):
         return transform(image)
     path = Path(image)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not an image file")
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
     try:
-        return transform(open_image(path))
+        return transform.load(path)
+    except ImageTooLargeError:
+        raise
     except (OSError, SyntaxError, ValueError) as err:
         raise OSError(f"cannot read image {path}: {err}") from err
 
@@ -44,6 +55,7 @@ def describe(
     num_beams: int = 1,
     max_new_tokens: int | None = None,
     batch_size: int = 32,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> str | list[str]:
     """Say what changed between image pairs.
 
@@ -56,10 +68,15 @@ def describe(
         num_beams: 1 for greedy decoding (the paper), more for beam search.
         max_new_tokens: at most this many tokens (default: the model's, 23).
         batch_size: pairs per forward pass.
+        max_image_pixels: an image file whose width x height exceeds this is refused before decoding
+            (:class:`~namc.data.transforms.ImageTooLargeError`); None: no cap.
 
     Returns:
         one caption, or a list of captions when lists were given.
     """
+    for name, value in (("num_beams", num_beams), ("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
     if not isinstance(model, NAMC):
         model = load_model(model, pretraining=False)
     model.eval()
@@ -68,7 +85,7 @@ def describe(
     seconds = [images_2] if single else list(images_2)
     if len(firsts) != len(seconds):
         raise ValueError(f"{len(firsts)} first images but {len(seconds)} second images")
-    transform = ImageTransform(model.config.image_size)
+    transform = ImageTransform(model.config.image_size, max_image_pixels)
     device = next(model.parameters()).device
     captions: list[str] = []
     for start in range(0, len(firsts), batch_size):
@@ -78,21 +95,98 @@ def describe(
     return captions[0] if single else captions
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``namc describe A.png B.png --model DIR``: caption what changed from the first image to the second."""
-    parser = argparse.ArgumentParser(prog="namc describe", description="Caption the change between two image files.")
+# ------------------------------------------------------------------------------------------------ the command
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _pixel_cap(text: str) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no cap), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no cap) or more, got {value}")
+    return value or None
+
+
+def _device(text: str) -> torch.device:
+    """A device that exists on this machine (argparse type: an unusable one is a usage error)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a device: {text!r} (cpu, cuda, cuda:1, mps, ...)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(
+                f"{text}: no CUDA device is available (torch.cuda.is_available() is False); use --device cpu"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: no MPS device is available; use --device cpu")
+    return device
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="namc describe",
+        description="Caption the change between two image files.",
+        epilog="exit status: 0 captioned; 1 a file could not be used (corrupt or oversized image, damaged weights, "
+        "unreadable config); 2 usage error (bad option, missing path, no such device)",
+    )
     parser.add_argument("image1", help="the first ('before') image")
     parser.add_argument("image2", help="the second ('after') image")
-    parser.add_argument("--model", required=True, help="a save_pretrained folder (or a namc .ckpt)")
-    parser.add_argument("--beams", type=int, default=1, help="beam width (1: greedy, as the paper)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="longest caption (default: the model's, 23)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--model", required=True, help="a save_pretrained folder, hf-hub:org/name, or a namc .ckpt")
+    parser.add_argument("--beams", type=_positive_int, default=1, help="beam width (1: greedy, as the paper)")
+    parser.add_argument(
+        "--max-new-tokens", type=_positive_int, default=None, help="longest caption (default: the model's, 23)"
+    )
+    parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda, cuda:1, mps (default: cpu)")
+    parser.add_argument(
+        "--max-image-pixels",
+        type=_pixel_cap,
+        default=MAX_IMAGE_PIXELS,
+        help=f"refuse images over this many pixels, before decoding them (default {MAX_IMAGE_PIXELS:,}, PIL's "
+        "limit; 0: no cap)",
+    )
+    return parser
+
+
+def _error(message: str, code: int) -> int:
+    print(f"namc describe: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``namc describe A.png B.png --model DIR``: caption what changed from the first image to the second."""
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.model in list_models() and not Path(args.model).exists():
+        return _error(
+            f"--model {args.model} is a preset name, which has no trained weights: pass a folder written by "
+            "save_pretrained (or `namc fit` / `namc demo`), a hf-hub: id, or a namc .ckpt",
+            2,
+        )
     try:
         model = load_model(args.model, pretraining=False).to(args.device)
-        caption = describe(model, args.image1, args.image2, args.beams, args.max_new_tokens)
-    except (OSError, ValueError) as err:  # a missing or unreadable file, a wrong model folder
-        print(f"namc describe: error: {err}", file=sys.stderr)
-        return 2
+        limit = model.config.max_caption_len - 1
+        if args.max_new_tokens is not None and args.max_new_tokens > limit:
+            parser.error(f"argument --max-new-tokens: this model generates at most {limit} tokens")
+        caption = describe(
+            model, args.image1, args.image2, args.beams, args.max_new_tokens, max_image_pixels=args.max_image_pixels
+        )
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path on the command line
+        return _error(str(err), 2)
+    except (OSError, ValueError, WeightsError, pickle.UnpicklingError) as err:  # a file that cannot be used
+        return _error(str(err), 1)
     print(caption)
     return 0

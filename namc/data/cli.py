@@ -1,7 +1,7 @@
 """``namc data ...`` subcommands: ``shapes`` (generate the shapes world) and ``pack`` (manifest -> tar shards).
 
 ``main(argv)`` takes the arguments after ``namc data`` and returns an exit status; the ``namc`` console script
-forwards to it. Examples::
+forwards to it. Both show progress bars on stderr over the pairs written (``--quiet``: none). Examples::
 
     namc data shapes --out data/shapes --pairs 1000 --image-size 64 --noise-rate 0.2
     namc data pack data/shapes/corpus/manifest.jsonl data/shapes/corpus/shards --shard-size 1000
@@ -37,13 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=1, help="processes (the output does not depend on it)")
     s.add_argument("--shards", action="store_true", help="also pack the corpus into tar shards (corpus/shards/)")
     s.add_argument("--shard-size", type=int, default=1000)
+    s.add_argument("--quiet", action="store_true", help="no progress bars (the summary is still printed)")
 
     p = sub.add_parser("pack", help="pack a JSONL manifest into tar shards (resumable)")
     p.add_argument("manifest", type=Path)
     p.add_argument("out", type=Path)
     p.add_argument("--shard-size", type=int, default=1000)
     p.add_argument("--no-verify-images", action="store_true", help="copy images without decoding them")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -65,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.workers,
             args.min_objects,
             args.max_objects,
+            progress=not args.quiet,
         )
         t1 = time.perf_counter()
         print(f"benchmark: {json.dumps(bench)} ({t1 - t0:.1f} s)")
@@ -79,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.workers,
                 args.min_objects,
                 args.max_objects,
+                progress=not args.quiet,
             )
             t2 = time.perf_counter()
             print(
@@ -90,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.out / "corpus" / "manifest.jsonl",
                     args.out / "corpus" / "shards",
                     args.shard_size,
-                    progress=False,
+                    progress=not args.quiet,
                 )
                 print(report.summary())
         return 0
@@ -102,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out,
             args.shard_size,
             verify_images=not args.no_verify_images,
-            progress=not args.no_progress,
+            progress=not args.quiet,
         )
         print(report.summary())
         return 0

@@ -2,7 +2,8 @@
 
 A long run must neither crash on one corrupt file nor lose samples silently: every skipped
 sample is counted here by kind, the first few of each kind are logged with the file and line, and
-:meth:`DataIssues.summary` reports the totals at the end.
+:meth:`DataIssues.summary` reports the totals at the end. Code that finds a bad sample raises :class:`RecordError`
+with its :class:`IssueKind`; the reader catches it and counts it here.
 
 DataLoader workers are separate processes, so plain counters would stay in the workers. The counts live in a small
 shared-memory tensor with one row per process (row 0: the process that built the dataset; row ``1 + worker_id``:
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
-__all__ = ["DataIssues", "IssueKind"]
+__all__ = ["DataIssues", "IssueKind", "RecordError"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,15 +30,40 @@ logger = logging.getLogger(__name__)
 class IssueKind(StrEnum):
     """Why a sample was skipped."""
 
-    MALFORMED_LINE = "malformed_line"  # not JSON, or a required key missing / of the wrong type
+    MALFORMED_LINE = "malformed_line"  # not UTF-8, not JSON, or a required key missing / of the wrong type
     OFF_TEMPLATE = "off_template"  # description rejected by namc.text.template
     MISSING_IMAGE = "missing_image"
     CORRUPT_IMAGE = "corrupt_image"
+    OVERSIZED_IMAGE = "oversized_image"  # width x height over max_image_pixels (namc.data.transforms)
     BAD_LABELS = "bad_noise_labels"  # noise labels not aligned to desc.split() or not 0/1
     BAD_CODES = "bad_codes"  # precomputed VQGAN codes unreadable or of the wrong shape
     CORRUPT_SHARD = "corrupt_shard"  # samples lost to an unreadable or truncated tar shard
     INCOMPLETE_SAMPLE = "incomplete_sample"  # a shard sample without its json or one of its two images
     EMPTY_CAPTIONS = "empty_captions"  # a benchmark item whose captions are all empty
+    DUPLICATE_ID = "duplicate_id"  # a corpus record whose id an earlier manifest line already took
+
+
+class RecordError(ValueError):
+    """A sample is unusable: a pipeline skips it and counts it under ``kind`` (an :class:`IssueKind`).
+
+    Raised by the corpus record checks (:mod:`namc.data.corpus.records`) and by image loading for an image over
+    the pixel cap (:class:`namc.data.transforms.ImageTooLargeError`), so any reader that skips ``RecordError``
+    counts each under its own kind.
+    """
+
+    def __init__(self, kind: IssueKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes, subclasses with other signatures too
+        return _rebuild_error, (type(self), self.args, self.__dict__)
+
+
+def _rebuild_error(cls: type[RecordError], args: tuple[Any, ...], state: dict[str, Any]) -> RecordError:
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 _KINDS = list(IssueKind)
@@ -82,7 +109,7 @@ class DataIssues:
             kind: the :class:`IssueKind` (or its value).
             where: file and line / entry / key, e.g. ``"manifest.jsonl:17"``.
             detail: the error message.
-            n: how many samples this issue lost.
+            n: how many samples this issue lost; 0 records (and logs) damage that lost no sample.
         """
         kind = IssueKind(kind)
         self._row()[_KINDS.index(kind)] += n
@@ -137,9 +164,9 @@ class DataIssues:
         """One line of totals plus one line per kind with its first examples, e.g.
         ``"corpus: skipped 2 of 200 samples (1.00%): corrupt_image=2"``."""
         head = f"{self.name}: skipped {self.skipped} of {self.seen} samples ({100 * self.skip_rate:.2f}%)"
-        if not self.skipped:
+        if not self.skipped and not self._examples:
             return head
-        lines = [head + ": " + ", ".join(f"{k}={v}" for k, v in self.counts.items())]
+        lines = [head + ": " + ", ".join(f"{k}={v}" for k, v in self.counts.items())] if self.skipped else [head]
         for kind, examples in self._examples.items():
             for e in examples:
                 lines.append(f"  {kind}: {e}")

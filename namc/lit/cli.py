@@ -9,6 +9,11 @@
 Values both the model and the data need are linked, so a config states each once: the model's preset (or the
 ``pretrained`` folder / checkpoint it starts from) fixes the data's image size, caption lengths and tokenizer kind,
 and the tokenizer the datamodule builds or loads is handed to the model.
+
+Checkpoints are loaded safely: ``--ckpt_path`` is read with ``weights_only=True`` (set explicitly, so neither an
+environment variable nor Lightning's defaults can turn unpickling on). ``--weights_only false`` and an
+``http(s)://`` ``--ckpt_path`` (Lightning downloads it and unpickles it with code execution enabled unless told
+otherwise) are refused before anything is built, unless ``--allow_unsafe_checkpoint true`` says the file is trusted.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from namc.lit.modules import NAMCModule
 from namc.models import model_config
 from namc.models.io import read_config
 
-__all__ = ["NAMCCLI", "main", "run_lightning"]
+__all__ = ["NAMCCLI", "UnsafeCheckpointError", "check_checkpoint_safety", "main", "run_lightning"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +124,43 @@ def link_tokenizer(model: Any) -> str:
     return str(pretrained) if pretrained else str(model_settings(model).tokenizer)
 
 
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint option that would unpickle a file with code execution enabled, without the user's consent."""
+
+
+_ALLOW_UNSAFE = "allow_unsafe_checkpoint"
+
+
+def check_checkpoint_safety(config: Any) -> None:
+    """Refuse unsafe checkpoint loading in a parsed subcommand config; make the safe default explicit.
+
+    ``weights_only=False`` and an ``http(s)`` ``ckpt_path`` raise :class:`UnsafeCheckpointError` unless
+    ``allow_unsafe_checkpoint`` is set; otherwise an unset ``weights_only`` becomes ``True``.
+    """
+    ckpt_path = config.get("ckpt_path")
+    weights_only = config.get("weights_only")
+    remote = isinstance(ckpt_path, str) and ckpt_path.lower().startswith(("http://", "https://"))
+    if config.get(_ALLOW_UNSAFE):
+        if remote or weights_only is False:
+            logger.warning("--%s: %s may be unpickled with code execution enabled", _ALLOW_UNSAFE, ckpt_path)
+        return
+    if remote:
+        raise UnsafeCheckpointError(
+            f"refusing --ckpt_path {ckpt_path}: Lightning downloads a remote checkpoint and, unless told otherwise, "
+            "unpickles it with code execution enabled, so a file from the network can run code on this machine. "
+            "Download it, check where it came from, and pass the local file (read with weights_only=True); or, if "
+            f"you trust it, add --{_ALLOW_UNSAFE} true"
+        )
+    if weights_only is False:
+        raise UnsafeCheckpointError(
+            "refusing --weights_only false: it unpickles the checkpoint with code execution enabled, so the file can "
+            "run code on this machine (namc's own checkpoints load with weights_only=True). If, and only if, you "
+            f"trust the file, add --{_ALLOW_UNSAFE} true"
+        )
+    if "weights_only" in config and weights_only is None:
+        config["weights_only"] = True
+
+
 class NAMCCLI(LightningCLI):
     """LightningCLI over :mod:`namc.lit` modules and :mod:`namc.lit.datamodules`, with the links above.
 
@@ -136,7 +178,20 @@ class NAMCCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(*args, **kwargs)
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:  # before Lightning reads the checkpoint's hyper-parameters or anything is built
+            check_checkpoint_safety(self.config[subcommand])
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            f"--{_ALLOW_UNSAFE}",
+            type=bool,
+            default=False,
+            help="Allow --weights_only false and an http(s) --ckpt_path, which unpickle the checkpoint with code "
+            "execution enabled: only for files you trust",
+        )
         parser.link_arguments("model", "data.init_args.image_size", compute_fn=link_image_size, apply_on="parse")
         parser.link_arguments("model", "data.init_args.tokenizer", compute_fn=link_tokenizer, apply_on="parse")
         parser.link_arguments(
@@ -160,7 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``namc fit | validate | test | predict ...``: run the LightningCLI (``namc.cli`` dispatches here)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    run_lightning(argv)
+    try:
+        run_lightning(argv)
+    except UnsafeCheckpointError as err:
+        print(f"namc {argv[0] if argv else 'fit'}: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -9,17 +9,19 @@ its weights through :func:`load_state_dict` and loads them through :func:`load_s
 - a missing, unexpected (and not explicitly ignored) or mis-shaped key is an error that names the key; nothing is
   loaded with ``strict=False``.
 
-A saved model is a folder (``config.json`` + ``model.safetensors`` + tokenizer files, :func:`read_config` /
-:func:`write_config`); a Lightning ``.ckpt`` written by :mod:`namc.lit` carries, beside Lightning's own entries,
-one ``"namc"`` entry of plain data: the model's :class:`~namc.models.config.NAMCConfig` as a dict, its tokenizer as
-a dict and the namc version (:func:`checkpoint_entry`). Everything is read with ``torch.load(weights_only=True)``.
+A saved model is a folder (``config.json`` + ``model.safetensors`` + tokenizer files + ``README.md``,
+:func:`read_config` / :func:`write_config`); its ``config.json`` records the SHA-256 of the other files, checked by
+:func:`verify_folder` (:mod:`namc.models.files`). A Lightning ``.ckpt`` written by :mod:`namc.lit` carries, beside
+Lightning's own entries, one ``"namc"`` entry of plain data: the model's :class:`~namc.models.config.NAMCConfig` as
+a dict, its tokenizer as a dict and the namc version (:func:`checkpoint_entry`). Everything is read with
+``torch.load(weights_only=True)``. An unreadable config is a :class:`ConfigError` naming the file and the line and
+column or key; an unreadable weights file is a :class:`WeightsError` naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +31,20 @@ import torch
 from torch import nn
 
 from namc.models.config import NAMCConfig
-from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer, load_tokenizer, tokenizer_from_dict, tokenizer_to_dict
+from namc.models.files import (
+    FILES_KEY,
+    LIGHTNING_CALLBACK_KEYS,
+    ConfigError,
+    WeightsError,
+    atomic_write_text,
+    check_fields,
+    check_files,
+    describe_load_error,
+    load_error_advice,
+    read_json,
+)
+from namc.models.hub import resolve_model_path
+from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer, tokenizer_from_dict, tokenizer_to_dict
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +52,7 @@ __all__ = [
     "CONFIG_FILE",
     "NAMC_KEY",
     "WEIGHTS_FILE",
+    "ConfigError",
     "WeightsError",
     "checkpoint_entry",
     "checkpoint_state_dict",
@@ -47,6 +63,7 @@ __all__ = [
     "read_config",
     "read_tokenizer",
     "save_safetensors",
+    "verify_folder",
     "write_config",
 ]
 
@@ -60,31 +77,6 @@ _MAX_LISTED_KEYS = 8
 # Prefixes that wrappers add in front of every key: DataParallel / DistributedDataParallel (`module.`), a
 # LightningModule holding the network as `self.model` (`model.`), torch.compile's OptimizedModule (`_orig_mod.`).
 _WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")
-
-
-class WeightsError(RuntimeError):
-    """A checkpoint file could not be read, or its keys / shapes do not fit the module it is loaded into."""
-
-
-class _InertCheckpointKey:
-    """Inert stand-in for a class object that a Lightning checkpoint uses as a dictionary key.
-
-    Lightning 1.0-1.4 (the version the official taming-transformers VQGAN checkpoints were written with) stored
-    callback states as ``checkpoint["callbacks"] = {ModelCheckpoint: {...}}``: the *class* is the key, so the file
-    holds a pickle GLOBAL for it and ``torch.load(weights_only=True)`` refuses it. Allow-listing this class under
-    those names lets such a file load with the safe unpickler; the stand-in does nothing if it is ever called.
-    """
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        pass
-
-
-# Lightning's stateful built-in callbacks of that era; their states (scores, paths, counters) are plain data.
-_LIGHTNING_CALLBACK_KEYS = [
-    (_InertCheckpointKey, f"{package}.callbacks.{name}")
-    for package in ("pytorch_lightning", "lightning.pytorch")
-    for name in ("model_checkpoint.ModelCheckpoint", "early_stopping.EarlyStopping")
-]
 
 
 def _list_keys(keys: list[str]) -> str:
@@ -134,49 +126,6 @@ def clean_state_dict(obj: Mapping[str, object], *, source: str = "checkpoint") -
     return state_dict
 
 
-def _refused_global(exc: BaseException) -> str | None:
-    """The Python object that ``torch.load(weights_only=True)`` refused to unpickle, if that is why it failed."""
-    found = re.search(r"GLOBAL (\S+) was not an allowed global|Unsupported class (\S+)", str(exc))
-    return (found.group(1) or found.group(2)) if found else None
-
-
-def _describe_cause(exc: BaseException) -> str:
-    """A one-line cause; torch's weights-only errors are long, so keep what they refused and drop the rest."""
-    message = str(exc)
-    if "TorchScript" in message:
-        return "it is a TorchScript archive, which the safe loader does not read"
-    refused = _refused_global(exc)
-    if refused:
-        return f"the safe loader (torch.load weights_only=True) refused the Python object {refused}"
-    if "WeightsUnpickler error:" in message:  # the pickle stream itself is malformed
-        detail = message.split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0]
-        return f"the file is corrupt or not a PyTorch checkpoint (unpickler: {detail})"
-    first_line = message.strip().splitlines()[0] if message.strip() else ""
-    if len(first_line) > 300:  # keep whole sentences
-        first_line = first_line[: first_line.rfind(". ", 0, 300) + 1] or first_line[:300]
-    return f"{type(exc).__name__}: {first_line}".rstrip(". ")
-
-
-def _load_error_advice(path: Path, exc: BaseException) -> str:
-    """A suggestion for a file that could not be read, or '' when there is none."""
-    if "TorchScript" in str(exc):
-        return (
-            " If it is OpenAI's CLIP (e.g. ViT-B-16.pt), convert it once with "
-            f"`python tools/convert_openai_clip.py {path} <out>.safetensors` and pass the .safetensors file."
-        )
-    if _refused_global(exc):
-        target = path.with_suffix(".safetensors")
-        return (
-            " The file holds Python objects besides tensors (e.g. a training checkpoint's callbacks or"
-            " hyper-parameters). If, and only if, you trust where the file came from, extract its weights once (this"
-            " unpickles the file with code execution enabled) and pass the .safetensors file instead:\n"
-            '  python -c "import torch; from namc.models.io import save_safetensors; '
-            f"ckpt = torch.load('{path}', map_location='cpu', weights_only=False); "
-            f"save_safetensors(ckpt.get('state_dict', ckpt), '{target}')\""
-        )
-    return ""
-
-
 def load_state_dict(path: str | Path, *, hint: str = "") -> dict[str, torch.Tensor]:
     """Read a checkpoint file safely and return its cleaned state dict.
 
@@ -209,13 +158,13 @@ def load_state_dict(path: str | Path, *, hint: str = "") -> dict[str, torch.Tens
 
             obj = load_file(str(path), device="cpu")
         else:
-            with torch.serialization.safe_globals(_LIGHTNING_CALLBACK_KEYS), warnings.catch_warnings():
+            with torch.serialization.safe_globals(LIGHTNING_CALLBACK_KEYS), warnings.catch_warnings():
                 # torch warns before refusing a TorchScript archive; the error below says what to do instead
                 warnings.filterwarnings("ignore", message=".*looks like a TorchScript archive")
                 obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any failure to read the file becomes one error type that names the file
         raise WeightsError(
-            f"cannot read checkpoint {path}: {_describe_cause(exc)}.{_load_error_advice(path, exc)}"
+            f"cannot read checkpoint {path}: {describe_load_error(exc)}.{load_error_advice(path, exc)}"
         ) from exc
     state_dict = clean_state_dict(obj, source=str(path))
     logger.debug("read %d tensors from %s", len(state_dict), path)
@@ -323,9 +272,14 @@ def save_safetensors(
 # ------------------------------------------------------------------------------------------------ saved models
 
 
-def write_config(directory: Path, config: NAMCConfig, version: str) -> None:
-    """Write ``config.json`` (the config with the namc version that wrote it)."""
-    (directory / CONFIG_FILE).write_text(json.dumps({"namc_version": version, **config.to_dict()}, indent=2))
+def write_config(
+    directory: Path, config: NAMCConfig, version: str, files: Mapping[str, Mapping[str, Any]] | None = None
+) -> None:
+    """Write ``config.json`` atomically: the config, the namc version that wrote it and the digests of ``files``."""
+    data: dict[str, Any] = {"namc_version": version, **config.to_dict()}
+    if files is not None:
+        data[FILES_KEY] = dict(files)
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(data, indent=2))
 
 
 def checkpoint_entry(config: NAMCConfig, tokenizer: CaptionTokenizer, version: str) -> dict[str, Any]:
@@ -338,13 +292,24 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no file at ``path``.
+        WeightsError: the file cannot be read safely (corrupt, truncated, a pickle of Python objects).
         ValueError: the file is not a namc Lightning checkpoint.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors paged in only when used
-    if not isinstance(ckpt, dict) or NAMC_KEY not in ckpt or "state_dict" not in ckpt:
+        raise FileNotFoundError(f"no saved model at {path}: expected a save_pretrained folder or a namc .ckpt")
+    if path.suffix == ".safetensors":
+        raise ValueError(
+            f"{path} holds weights only: pass the folder that holds it with config.json and tokenizer.json "
+            "(as written by save_pretrained)"
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors paged in only when used
+    except Exception as exc:  # any failure to read the file becomes one error type that names the file
+        raise WeightsError(
+            f"cannot read checkpoint {path}: {describe_load_error(exc)}.{load_error_advice(path, exc)}"
+        ) from exc
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get(NAMC_KEY), dict) or "state_dict" not in ckpt:
         raise ValueError(
             f"{path} is not a namc Lightning checkpoint (no '{NAMC_KEY}' entry): pass a .ckpt written by `namc fit` "
             "or a folder written by save_pretrained"
@@ -357,33 +322,78 @@ def checkpoint_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
 
 
+def _config_from(data: Any, where: str) -> NAMCConfig:
+    """A :class:`NAMCConfig` from decoded JSON, every problem a :class:`ConfigError` naming ``where`` and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a JSON object of config keys, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k not in ("namc_version", FILES_KEY)}
+    check_fields(data, NAMCConfig, where)
+    return NAMCConfig(**data)
+
+
+def _folder_config(directory: Path) -> dict[str, Any]:
+    cfg_path = directory / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise FileNotFoundError(
+            f"{cfg_path} not found: a NAMC model folder holds {CONFIG_FILE}, {WEIGHTS_FILE} and tokenizer.json, "
+            "as written by model.save_pretrained(dir) or `namc fit` / `namc demo`"
+        )
+    return read_json(cfg_path)
+
+
 def read_config(path: str | Path) -> NAMCConfig:
-    """The :class:`NAMCConfig` of a saved model: a ``save_pretrained`` folder or a namc ``.ckpt``."""
-    path = Path(path)
+    """The :class:`NAMCConfig` of a saved model: a ``save_pretrained`` folder or a namc ``.ckpt``.
+
+    Raises:
+        FileNotFoundError: no config there.
+        ConfigError: ``config.json`` is not UTF-8 or not JSON (the message names the line and column), or has an
+            unknown key or a value of the wrong type (the message names the key).
+    """
+    path = resolve_model_path(path)
     if not (path.is_file() or path.suffix == ".ckpt"):
-        cfg_path = path / CONFIG_FILE
-        if not cfg_path.is_file():
-            raise FileNotFoundError(
-                f"{cfg_path} not found: a NAMC model folder holds {CONFIG_FILE}, {WEIGHTS_FILE} and tokenizer.json, "
-                "as written by model.save_pretrained(dir) or `namc fit` / `namc demo`"
-            )
-        data = json.loads(cfg_path.read_text())
-        data.pop("namc_version", None)
-        return NAMCConfig.from_dict(data)
-    return NAMCConfig.from_dict(read_checkpoint(path)[NAMC_KEY]["config"])
+        return _config_from(_folder_config(path), str(path / CONFIG_FILE))
+    return _config_from(read_checkpoint(path)[NAMC_KEY].get("config"), f"{path} ['{NAMC_KEY}']['config']")
+
+
+def verify_folder(directory: str | Path) -> list[str]:
+    """Check the files of a model folder against the SHA-256 digests its ``config.json`` records.
+
+    Returns:
+        The names of the files checked (empty for a folder saved before namc recorded digests).
+
+    Raises:
+        WeightsError: a recorded file is missing or differs (the message names it and both digests).
+    """
+    directory = Path(directory)
+    return check_files(directory, _folder_config(directory).get(FILES_KEY), directory / CONFIG_FILE)
 
 
 def read_tokenizer(path: str | Path) -> CaptionTokenizer:
-    """The tokenizer of a saved model: a folder with ``tokenizer.json`` or a namc ``.ckpt``."""
-    path = Path(path)
+    """The tokenizer of a saved model: a folder with ``tokenizer.json`` or a namc ``.ckpt``.
+
+    Raises:
+        FileNotFoundError: no tokenizer there.
+        ConfigError: ``tokenizer.json`` (or the checkpoint's tokenizer entry) is unreadable.
+    """
+    path = resolve_model_path(path)
     if path.is_dir():
-        if not (path / TOKENIZER_FILE).is_file():
+        file = path / TOKENIZER_FILE
+        if not file.is_file():
             raise FileNotFoundError(f"no {TOKENIZER_FILE} in {path}: expected a folder written by save_pretrained")
-        return load_tokenizer(path)
-    if path.is_file():
-        return tokenizer_from_dict(read_checkpoint(path)[NAMC_KEY]["tokenizer"], where=str(path))
-    raise FileNotFoundError(
-        f"saved model not found at {path}: expected a save_pretrained folder (config.json, model.safetensors, "
-        "tokenizer.json) or a Lightning .ckpt written by `namc fit`; run the pre-training first "
-        "(`namc fit --config configs/pretrain/namc_base.yaml` exports runs/pretrain_namc_base/model)"
-    )
+        data, where, directory = read_json(file), str(file), path
+    elif path.is_file():
+        data, where, directory = read_checkpoint(path)[NAMC_KEY].get("tokenizer"), f"{path} ['{NAMC_KEY}']", None
+    else:
+        raise FileNotFoundError(
+            f"saved model not found at {path}: expected a save_pretrained folder (config.json, model.safetensors, "
+            "tokenizer.json) or a Lightning .ckpt written by `namc fit`; run the pre-training first "
+            "(`namc fit --config configs/pretrain/namc_base.yaml` exports runs/pretrain_namc_base/model)"
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a tokenizer object, got {type(data).__name__}")
+    try:
+        return tokenizer_from_dict(data, where=where, directory=directory)
+    except (KeyError, TypeError, OSError) as err:
+        raise ConfigError(f"{where}: not a namc tokenizer ({type(err).__name__}: {err})") from None
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

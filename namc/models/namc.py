@@ -13,22 +13,38 @@ during the pre-training"). A model built with ``pretraining=False`` has no NIM t
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from namc import ops
 from namc._version import __version__
+from namc.models.card import CARD_FILE, check_card, model_card
 from namc.models.config import NAMCConfig
 from namc.models.encoders import ClipDualEncoder
 from namc.models.fdg import FDG, FDGConfig
+from namc.models.files import atomic_write_text, record_files
 from namc.models.grid import GridEncoder
-from namc.models.io import WEIGHTS_FILE, load_state_dict, load_strict, read_config, save_safetensors, write_config
+from namc.models.hub import resolve_model_path
+from namc.models.io import (
+    WEIGHTS_FILE,
+    load_state_dict,
+    load_strict,
+    read_config,
+    read_tokenizer,
+    save_safetensors,
+    verify_folder,
+    write_config,
+)
 from namc.models.mir import MIR, MIRConfig
 from namc.models.vqgan import VQGANTokenizer
-from namc.text.tokenizer import CaptionTokenizer, load_tokenizer
+from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -245,21 +261,65 @@ class NAMC(nn.Module):
 
     # ------------------------------------------------------------------------------------------ persistence
 
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``config.json``, ``model.safetensors`` and the tokenizer files to ``directory``."""
+    def save_pretrained(self, directory: str | Path, card: Mapping[str, Any] | None = None) -> Path:
+        """Write a complete model folder: ``model.safetensors``, the tokenizer files, ``config.json`` and a model
+        card ``README.md``.
+
+        ``config.json`` records the size and SHA-256 of every other file the model is rebuilt from
+        (:mod:`namc.models.files`), so :meth:`from_pretrained` notices a damaged or replaced file; it is written
+        after them, through a rename, so an interrupted save never leaves a config that vouches for missing files.
+
+        Args:
+            directory: the folder (created if needed; the files of an earlier save there are replaced).
+            card: optional model-card data: ``training_data``, ``metrics``, ``notes``, ``license``
+                (:mod:`namc.models.card`).
+
+        Returns:
+            ``directory`` as a Path.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        check_card(card or {})  # an unknown card key fails before anything is written
         cfg = dataclasses.replace(self.config, clip_pretrained=None, grid_pretrained=None, vqgan_pretrained=None)
-        write_config(directory, cfg, __version__)
-        save_safetensors(self.state_dict(), directory / WEIGHTS_FILE)
+        partial = directory / f".{WEIGHTS_FILE}.partial"
+        save_safetensors(self.state_dict(), partial)
+        os.replace(partial, directory / WEIGHTS_FILE)
         self.tokenizer.save(directory)
+        bpe = json.loads((directory / TOKENIZER_FILE).read_text()).get("bpe")  # a CLIP BPE copies its vocabulary
+        files = record_files(directory, [WEIGHTS_FILE, TOKENIZER_FILE] + ([bpe] if isinstance(bpe, str) else []))
+        write_config(directory, cfg, __version__, files)
+        tokenizer = f"{cfg.tokenizer}, {self.tokenizer.vocab_size} ids"
+        readme = model_card(cfg.to_dict(), self.num_parameters(), tokenizer, files, __version__, card)
+        atomic_write_text(directory / CARD_FILE, readme)
         return directory
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> NAMC:
-        """Rebuild a model saved by :meth:`save_pretrained` (strict: every key must match); returns it in eval mode."""
-        directory = Path(directory)
-        model = cls(read_config(directory), load_tokenizer(directory))
+    def from_pretrained(
+        cls, directory: str | Path, map_location: str | torch.device = "cpu", verify: bool = True
+    ) -> NAMC:
+        """Rebuild a model saved by :meth:`save_pretrained` (strict: every key must match); returns it in eval mode.
+
+        Args:
+            directory: the model folder.
+            map_location: the device the model goes to.
+            verify: first check every file against the SHA-256 that ``config.json`` records (about a second per
+                GB); ``False`` skips it. A folder saved before namc recorded digests loads unchecked either way.
+
+        Raises:
+            FileNotFoundError: the folder or one of its files is missing.
+            ConfigError: ``config.json`` or ``tokenizer.json`` is unreadable (the message names the file and where).
+            WeightsError: a file does not match its recorded digest, or the weights do not fit the config.
+        """
+        directory = resolve_model_path(directory)
+        if directory.is_file():
+            raise ValueError(
+                f"{directory} is a file: from_pretrained takes a folder written by save_pretrained (namc.load_model "
+                "also reads a namc .ckpt)"
+            )
+        config = read_config(directory)
+        if verify and not verify_folder(directory):
+            logger.info("%s records no SHA-256 digests (saved before namc recorded them): not verified", directory)
+        model = cls(config, read_tokenizer(directory))
         sd = load_state_dict(directory / WEIGHTS_FILE, hint="the model.safetensors written by save_pretrained")
         load_strict(model, sd, what=f"NAMC weights from {directory}")
         return model.to(map_location).eval()

@@ -1,5 +1,6 @@
 """timm-style model registry: ``@register_model`` presets, ``list_models``, ``create_model``, and ``load_model`` for
-a saved model (a ``save_pretrained`` folder or a namc Lightning ``.ckpt``)."""
+a saved model (a ``save_pretrained`` folder, a Hugging Face Hub id ``hf-hub:org/name[@revision]`` or a namc
+Lightning ``.ckpt``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from namc.models.config import NAMCConfig
+from namc.models.hub import is_hub_id, resolve_model_path
 from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint
 from namc.models.namc import NAMC
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer, tokenizer_from_dict
@@ -55,9 +57,10 @@ def create_model(
 
     Args:
         name: a preset from :func:`list_models` (``namc_base`` is the paper, ``namc_tiny`` runs on a CPU).
-        pretrained: a folder written by ``save_pretrained`` (``config.json`` + ``model.safetensors``) or a namc
-            Lightning ``.ckpt``; its config and tokenizer win over the preset. Pretrained CLIP / ResNet / VQGAN parts
-            are set with the ``clip_pretrained``, ``grid_pretrained`` and ``vqgan_pretrained`` overrides (local files).
+        pretrained: a folder written by ``save_pretrained`` (``config.json`` + ``model.safetensors``), a Hub id
+            ``hf-hub:org/name[@revision]`` of such a folder, or a namc Lightning ``.ckpt``; its config and tokenizer
+            win over the preset. Pretrained CLIP / ResNet / VQGAN parts are set with the ``clip_pretrained``,
+            ``grid_pretrained`` and ``vqgan_pretrained`` overrides (local files).
         tokenizer: the caption tokenizer; by default CLIP's BPE (+[MASK]) for ``tokenizer="clip_bpe"`` presets and
             a small CLEVR-style word vocabulary for ``tokenizer="word"`` presets.
         **overrides: :class:`NAMCConfig` fields.
@@ -78,17 +81,20 @@ def create_model(
 
 
 def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
-    """Load a NAMC from a ``save_pretrained`` folder or a namc Lightning ``.ckpt`` (strict: every key must match).
+    """Load a NAMC from a ``save_pretrained`` folder, a Hub id or a namc Lightning ``.ckpt`` (strict: every key must
+    match).
 
     Args:
-        path: the folder or the ``.ckpt`` file.
+        path: the folder, ``hf-hub:org/name[@revision]`` (resolved by :func:`~namc.models.hub.resolve_model_path`
+            through huggingface_hub's cache and offline mode), or the ``.ckpt`` file.
         pretraining: ``False`` drops NIM, the VQGAN and MIR's reconstruction head after loading (fine-tuning and
             inference need none of them); ``None`` keeps the model as saved.
 
     Returns:
         the model, in training mode.
     """
-    path = Path(path)
+    spec = path
+    path = resolve_model_path(path)
     if path.is_dir():
         model = NAMC.from_pretrained(path).train()
     else:
@@ -99,5 +105,5 @@ def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
         load_strict(model, checkpoint_state_dict(ckpt), what=f"NAMC weights from {path}")
     if pretraining is False and model.config.pretraining:
         model.drop_pretraining_modules()
-    logger.info("loaded %s from %s", model.config.name, path)
+    logger.info("loaded %s from %s", model.config.name, f"{spec} ({path})" if is_hub_id(spec) else path)
     return model

@@ -5,6 +5,10 @@ Shard ``i`` holds manifest lines ``[i * shard_size, (i + 1) * shard_size)`` that
 its manifest lines; a rerun skips shards whose tar and sidecar exist with the same digest and rewrites any other (a
 partial one, or one packed from different lines). ``index.json`` lists the shards and the totals. The format is
 described in :mod:`namc.data.corpus.shards`.
+
+Every manifest line is accounted for: packed, or rejected and counted by :class:`~namc.data.issues.IssueKind`
+(a line that is not UTF-8 or not JSON, a record that fails validation, a missing, corrupt or oversized image, bad
+codes, or an id an earlier line already took: ``duplicate_id``).
 """
 
 from __future__ import annotations
@@ -20,10 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from namc.data.corpus.records import IMAGE_ERRORS, CorpusRecord, RecordError, iter_manifest, parse_record, read_codes
+from namc.data.corpus.records import (
+    IMAGE_ERRORS,
+    CorpusRecord,
+    RecordError,
+    UndecodableLine,
+    duplicate_lines,
+    image_error,
+    iter_manifest,
+    parse_line,
+    parse_record,
+    read_codes,
+)
 from namc.data.corpus.shards import INDEX_FILE, SHARD_PATTERN
 from namc.data.issues import IssueKind
-from namc.data.transforms import open_image
+from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, open_image
 
 __all__ = ["PackReport", "pack_corpus"]
 
@@ -70,7 +85,7 @@ def _image_ext(path: Path) -> str:
     return {"jpeg": "jpg"}.get(ext, ext) or "img"
 
 
-def _load_for_pack(rec: CorpusRecord, root: Path, verify_images: bool) -> dict[str, bytes]:
+def _load_for_pack(rec: CorpusRecord, root: Path, verify_images: bool, max_pixels: int | None) -> dict[str, bytes]:
     members: dict[str, bytes] = {}
     for slot, rel in (("1", rec.image1), ("2", rec.image2)):
         path = root / rel
@@ -82,9 +97,9 @@ def _load_for_pack(rec: CorpusRecord, root: Path, verify_images: bool) -> dict[s
             raise RecordError(IssueKind.CORRUPT_IMAGE, f"image{slot} unreadable: {path}: {err}") from None
         if verify_images:
             try:
-                open_image(data)
-            except IMAGE_ERRORS as err:
-                raise RecordError(IssueKind.CORRUPT_IMAGE, f"image{slot} does not decode: {path}: {err}") from None
+                open_image(data, max_pixels)
+            except (*IMAGE_ERRORS, ImageTooLargeError) as err:
+                raise image_error(err, f"image{slot}", path) from None
         members[f"{slot}.{_image_ext(path)}"] = data
     if rec.codes is not None:
         path = root / rec.codes
@@ -98,7 +113,12 @@ def _load_for_pack(rec: CorpusRecord, root: Path, verify_images: bool) -> dict[s
 
 
 def _write_shard(
-    lines: list[tuple[int, str]], root: Path, manifest: Path, tar_path: Path, verify_images: bool
+    lines: list[tuple[int, str]],
+    manifest: Path,
+    tar_path: Path,
+    duplicates: dict[int, int],
+    verify_images: bool,
+    max_pixels: int | None,
 ) -> dict[str, Any]:
     """Writes one shard from its manifest lines; returns the sidecar dict."""
     partial = tar_path.with_name(tar_path.name + ".partial")
@@ -109,12 +129,10 @@ def _write_shard(
         for line_no, line in lines:
             where = f"{manifest}:{line_no}"
             try:
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise RecordError(IssueKind.MALFORMED_LINE, f"invalid JSON: {err}") from None
-                rec = parse_record(obj)
-                members = _load_for_pack(rec, root, verify_images)
+                rec = parse_record(parse_line(line))
+                if line_no in duplicates:
+                    raise RecordError(IssueKind.DUPLICATE_ID, f"id {rec.id!r} is taken by line {duplicates[line_no]}")
+                members = _load_for_pack(rec, manifest.parent, verify_images, max_pixels)
             except RecordError as err:
                 rejected[err.kind.value] = rejected.get(err.kind.value, 0) + 1
                 examples.append(f"{where}: {err.kind.value}: {err}")
@@ -136,8 +154,25 @@ def _read_sidecar(path: Path) -> dict[str, Any] | None:
     return side if isinstance(side, dict) and "samples" in side else None
 
 
+def _lines_digest(lines: list[tuple[int, str]], duplicates: dict[int, int]) -> str:
+    """What a shard is packed from: its lines' bytes and which of them lose their id to an earlier line."""
+    h = hashlib.blake2b(digest_size=16)
+    for _, line in lines:
+        h.update(line.raw if isinstance(line, UndecodableLine) else line.encode("utf-8"))
+    dups = sorted((n, first) for n, _ in lines if (first := duplicates.get(n)) is not None)
+    if dups:  # shards without duplicates keep the digest they had before duplicates were checked
+        h.update(json.dumps(dups).encode())
+    return h.hexdigest()
+
+
 def _pack_shard(
-    index: int, lines: list[tuple[int, str]], manifest: Path, out: Path, verify_images: bool
+    index: int,
+    lines: list[tuple[int, str]],
+    manifest: Path,
+    out: Path,
+    duplicates: dict[int, int],
+    verify_images: bool,
+    max_pixels: int | None,
 ) -> tuple[str, dict[str, Any], bool]:
     """Writes shard ``index`` from its manifest lines, unless a complete shard of the same lines exists.
 
@@ -146,13 +181,13 @@ def _pack_shard(
     """
     tar_path = out / SHARD_PATTERN.format(index)
     side_path = tar_path.with_suffix(".json")
-    digest = hashlib.blake2b("".join(line for _, line in lines).encode("utf-8"), digest_size=16).hexdigest()
+    digest = _lines_digest(lines, duplicates)
     side = _read_sidecar(side_path) if tar_path.exists() else None
     if side is not None and side.get("lines_digest") == digest:
         return tar_path.name, side, True
     # missing, partial, or packed from other manifest lines / another shard size: (re)write it
     side_path.unlink(missing_ok=True)
-    side = _write_shard(lines, manifest.parent, manifest, tar_path, verify_images)
+    side = _write_shard(lines, manifest, tar_path, duplicates, verify_images, max_pixels)
     side["lines_digest"] = digest
     side_path.write_text(json.dumps(side, indent=1))
     return tar_path.name, side, False
@@ -194,6 +229,7 @@ def pack_corpus(
     shard_size: int = 1000,
     verify_images: bool = True,
     progress: bool = True,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
 ) -> PackReport:
     """Packs a JSONL manifest into tar shards, validating descriptions, labels, codes and images.
 
@@ -201,8 +237,11 @@ def pack_corpus(
         manifest: the JSONL manifest (image paths relative to its folder).
         out_dir: folder for ``shard-%06d.tar``, their ``.json`` sidecars and ``index.json``.
         shard_size: manifest lines per shard.
-        verify_images: fully decode every image (catches truncated files; costs a decode per image).
+        verify_images: fully decode every image (catches truncated files and, from the header, images over
+            ``max_image_pixels``; costs a decode per image).
         progress: show a tqdm progress bar over manifest lines.
+        max_image_pixels: with ``verify_images``, reject an image whose width x height exceeds this
+            (``oversized_image``); None: no cap (see :mod:`namc.data.transforms`).
 
     Returns:
         A :class:`PackReport`; rejected lines are counted by :class:`IssueKind` value and the first ones listed.
@@ -216,12 +255,13 @@ def pack_corpus(
     out.mkdir(parents=True, exist_ok=True)
     report = PackReport(out_dir=out)
 
-    with open(manifest, encoding="utf-8") as f:
+    with open(manifest, "rb") as f:  # bytes: a line that is not UTF-8 is rejected by itself, not the whole file
         n_physical = sum(1 for _ in f)
     n_shards = (n_physical + shard_size - 1) // shard_size
+    duplicates = duplicate_lines(manifest)
     bar = tqdm(total=n_physical, desc=f"packing {manifest.name}", unit="line", disable=not progress)
     for index, lines in _shard_lines(manifest, shard_size, n_shards):
-        name, side, resumed = _pack_shard(index, lines, manifest, out, verify_images)
+        name, side, resumed = _pack_shard(index, lines, manifest, out, duplicates, verify_images, max_image_pixels)
         if resumed:
             report.n_resumed_shards += 1
         report.shards.append(name)

@@ -12,6 +12,12 @@ Manifest (one JSON object per line; image paths relative to the manifest's folde
 ``source`` is a free string (``ip2p``, ``cc3m``, ``std``, ``shapes``, ...). ``noise1[k]`` is 1 when word
 ``desc1.split()[k]`` is injected noise. ``codes`` is an ``.npy`` file (no pickle) holding two rows of N small
 non-negative integers: the VQGAN tokens of image 1 and image 2 (N = 196 at 224 px with f16).
+
+The manifest is read as bytes and decoded line by line (:func:`iter_manifest`), so a line that is not UTF-8 costs
+that one sample (skipped and counted as ``malformed_line`` with its line number, by :func:`parse_line`), not the
+whole file. ``id`` names a pair everywhere (caches of codes and grids are keyed by it), so a manifest line whose id
+an earlier line already took is skipped as ``duplicate_id`` (:func:`duplicate_lines`), whether or not the earlier
+line is usable.
 """
 
 from __future__ import annotations
@@ -25,28 +31,28 @@ from typing import Any
 
 import numpy as np
 
-from namc.data.issues import IssueKind
+from namc.data.issues import IssueKind, RecordError
+from namc.data.transforms import ImageTooLargeError
 from namc.text.template import TemplateError, normalize_whitespace, parse
 
 __all__ = [
     "IMAGE_ERRORS",
     "CorpusRecord",
     "RecordError",
+    "UndecodableLine",
+    "duplicate_lines",
+    "image_error",
     "iter_manifest",
+    "parse_line",
     "parse_record",
     "read_codes",
     "write_manifest",
 ]
 
-IMAGE_ERRORS = (OSError, SyntaxError, ValueError)  # what decoding a bad image raises (UnidentifiedImageError: OSError)
-
-
-class RecordError(ValueError):
-    """A manifest or shard record is unusable; ``kind`` is the :class:`IssueKind` to count it under."""
-
-    def __init__(self, kind: IssueKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+# What decoding a bad image raises: open_image reports every decoder failure as OSError (UnidentifiedImageError
+# included) or SyntaxError. An image over the pixel cap raises ImageTooLargeError, a RecordError of kind
+# oversized_image, which is deliberately not in this tuple: a reader's `except RecordError` counts it under its kind.
+IMAGE_ERRORS = (OSError, SyntaxError)
 
 
 @dataclass
@@ -143,6 +149,28 @@ def parse_record(obj: Any, with_paths: bool = True) -> CorpusRecord:
     )
 
 
+def image_error(err: BaseException, slot: str, source: object) -> RecordError:
+    """The :class:`RecordError` for an image that failed to load.
+
+    Args:
+        err: what :func:`namc.data.transforms.open_image` raised.
+        slot: ``"image1"`` or ``"image2"``.
+        source: the image's path (bytes from a shard are named by ``slot`` alone).
+
+    Returns:
+        ``oversized_image`` for :class:`~namc.data.transforms.ImageTooLargeError` (with its own message),
+        ``missing_image`` for a path that does not exist, ``corrupt_image`` for anything else (empty, truncated,
+        not an image, a directory).
+    """
+    if isinstance(err, ImageTooLargeError):
+        return RecordError(err.kind, f"{slot}: {err}")
+    name = str(source) if isinstance(source, str | Path) else slot
+    if isinstance(err, FileNotFoundError):
+        return RecordError(IssueKind.MISSING_IMAGE, f"{slot} not found: {name}")
+    named = name == slot or name in str(err)  # most messages already name the file
+    return RecordError(IssueKind.CORRUPT_IMAGE, f"{slot}: {err}" if named else f"{slot}: {name}: {err}")
+
+
 def read_codes(data: bytes | str | Path) -> np.ndarray:
     """Reads precomputed VQGAN codes: an ``.npy`` (no pickle) of shape (2, N) with non-negative integers.
 
@@ -160,12 +188,88 @@ def read_codes(data: bytes | str | Path) -> np.ndarray:
     return arr
 
 
+class UndecodableLine(str):
+    """A manifest line that is not valid UTF-8, as :func:`iter_manifest` yields it.
+
+    Its text is empty (a JSON parser rejects it, so even a reader that does not know this class skips and counts
+    the line); ``raw`` holds the line's bytes and ``reason`` says which byte failed. :func:`parse_line` raises
+    :class:`RecordError` with that reason.
+    """
+
+    raw: bytes
+    reason: str
+
+    def __new__(cls, raw: bytes, reason: str) -> UndecodableLine:
+        line = super().__new__(cls, "")
+        line.raw, line.reason = raw, reason
+        return line
+
+    def __reduce__(self) -> tuple[type, tuple[bytes, str]]:
+        return UndecodableLine, (self.raw, self.reason)
+
+
+def _decode_line(raw: bytes, line_no: int) -> str:
+    try:
+        text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+    except UnicodeDecodeError as err:
+        return UndecodableLine(
+            raw,
+            f"not UTF-8: byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line ({err.reason}); "
+            "save the manifest as UTF-8",
+        )
+    return text[:-2] + "\n" if text.endswith("\r\n") else text
+
+
 def iter_manifest(path: str | Path) -> Iterator[tuple[int, str]]:
-    """Yields ``(line_number, line)`` for the non-blank lines of a JSONL file (line numbers are 1-based)."""
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if line.strip():
-                yield i, line
+    """Yields ``(line_number, line)`` for the non-blank lines of a JSONL file (line numbers are 1-based).
+
+    The file is read as bytes and each line decoded on its own: a line that is not UTF-8 comes as an
+    :class:`UndecodableLine` (empty text; :func:`parse_line` rejects it naming the byte), so one bad line costs one
+    sample. CRLF line ends are read as LF, and a UTF-8 byte-order mark at the start of the file is dropped.
+    """
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            if raw.strip():
+                line = _decode_line(raw, i)
+                if isinstance(line, UndecodableLine) or line.strip():
+                    yield i, line
+
+
+def parse_line(line: str) -> Any:
+    """The decoded JSON value of one manifest line (validate it with :func:`parse_record`).
+
+    Raises:
+        RecordError: ``malformed_line``: the line is not UTF-8 (an :class:`UndecodableLine`) or not JSON.
+    """
+    if isinstance(line, UndecodableLine):
+        raise RecordError(IssueKind.MALFORMED_LINE, line.reason)
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise RecordError(IssueKind.MALFORMED_LINE, f"invalid JSON: {err}") from None
+
+
+def duplicate_lines(path: str | Path) -> dict[int, int]:
+    """``{line number: line number of the first line with the same id}`` for every later line reusing an id.
+
+    A line's id is its ``"id"`` string when the line is a JSON object (other lines have none and never collide).
+    The first line with an id owns it, whether or not it is otherwise usable, so the answer depends on the
+    manifest alone.
+    """
+    first: dict[str, int] = {}
+    dups: dict[int, int] = {}
+    for line_no, line in iter_manifest(path):
+        try:
+            obj = parse_line(line)
+        except RecordError:
+            continue
+        key = obj.get("id") if isinstance(obj, dict) else None
+        if isinstance(key, str) and key.strip():
+            if key in first:
+                dups[line_no] = first[key]
+            else:
+                first[key] = line_no
+    return dups
 
 
 def write_manifest(records: Sequence[CorpusRecord], path: str | Path) -> None:

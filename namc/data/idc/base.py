@@ -5,12 +5,13 @@ Every loader is a map-style ``torch.utils.data.Dataset`` whose items are::
     {"id": str, "image1": Tensor (3, H, W) float in [0, 1], "image2": Tensor (3, H, W),
      "captions": list[str], "change_type": str | None}
 
-Bad input: a malformed annotation file (invalid JSON, a missing key, a wrong type) raises
-:class:`AnnotationError` naming the file and the entry at once. A missing image is found when the dataset is built
-(one directory listing per folder), skipped and counted in :attr:`BenchmarkDataset.issues`; a corrupt image is
-found when read: with ``on_error="skip"`` (default) ``__getitem__`` counts it and returns ``None`` (the collate
-wrapper :class:`namc.data.collate.SkipNone` drops ``None`` items), with ``on_error="raise"`` it raises naming the
-file.
+Bad input: a malformed annotation file (not UTF-8, invalid JSON, a missing key, a wrong type) raises
+:class:`AnnotationError` naming the file and the line or entry at once. A missing image is found when the dataset
+is built (one directory listing per folder), skipped and counted in :attr:`BenchmarkDataset.issues`; a corrupt
+image (empty, truncated, not an image, a directory) or one over ``max_image_pixels`` (``oversized_image``, see
+:mod:`namc.data.transforms`) is found when read: with ``on_error="skip"`` (default) ``__getitem__`` counts it and
+returns ``None`` (the collate wrapper :class:`namc.data.collate.SkipNone` drops ``None`` items), with
+``on_error="raise"`` it raises naming the file.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 from namc.data.issues import DataIssues, IssueKind
-from namc.data.transforms import ImageTransform, open_image
+from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform, open_image
 
 __all__ = [
     "NO_CHANGE",
@@ -54,12 +55,21 @@ class AnnotationError(ValueError):
 
 
 def load_json(path: Path) -> Any:
-    """The decoded JSON file; FileNotFoundError if absent, :class:`AnnotationError` naming the position if invalid."""
+    """The decoded JSON file; FileNotFoundError if absent, :class:`AnnotationError` naming the position if it is not
+    UTF-8 or not JSON."""
     if not path.exists():
         raise FileNotFoundError(f"annotation file not found: {path}")
+    raw = path.read_bytes()
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        column = err.start - raw.rfind(b"\n", 0, err.start)
+        raise AnnotationError(
+            f"{path}: not UTF-8: byte 0x{raw[err.start]:02x} at line {line}, column {column}: save the file as UTF-8"
+        ) from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise AnnotationError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
 
@@ -111,10 +121,15 @@ class BenchmarkDataset(Dataset):
     url: ClassVar[str] = ""
     marker: ClassVar[str] = ""
 
-    def __init__(self, image_size: int | None, on_error: Literal["skip", "raise"] = "skip") -> None:
+    def __init__(
+        self,
+        image_size: int | None,
+        on_error: Literal["skip", "raise"] = "skip",
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    ) -> None:
         if on_error not in ("skip", "raise"):
             raise ValueError("on_error must be 'skip' or 'raise'")
-        self.transform = ImageTransform(image_size)
+        self.transform = ImageTransform(image_size, max_image_pixels)
         self.on_error = on_error
         self.issues = DataIssues(self.name)
         self.entries: list[tuple[str, Path, Path, list[str], str | None]] = []
@@ -136,7 +151,7 @@ class BenchmarkDataset(Dataset):
             return self.transform.load(path)
         pixels = self._pixels.get(path)
         if pixels is None:
-            pixels = self._pixels[path] = self.transform.pixels(open_image(path))
+            pixels = self._pixels[path] = self.transform.pixels(open_image(path, self.transform.max_image_pixels))
         return self.transform.to_tensor(pixels)
 
     def _add(
@@ -169,8 +184,11 @@ class BenchmarkDataset(Dataset):
             image2 = self._load(p2)
         except (OSError, SyntaxError, ValueError) as err:
             if self.on_error == "raise":
+                if isinstance(err, ImageTooLargeError):
+                    raise
                 raise OSError(f"{self.name}: cannot read image of item {item_id}: {err}") from err
-            self.issues.add(IssueKind.CORRUPT_IMAGE, f"{p1} / {p2}", f"item {item_id}: {err}")
+            kind = IssueKind.OVERSIZED_IMAGE if isinstance(err, ImageTooLargeError) else IssueKind.CORRUPT_IMAGE
+            self.issues.add(kind, f"{p1} / {p2}", f"item {item_id}: {err}")
             return None
         self.issues.add_ok()
         return {

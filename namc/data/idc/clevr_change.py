@@ -27,6 +27,7 @@ from namc.data.idc.base import (
     read_type_mapping,
 )
 from namc.data.idc.registry import register_dataset
+from namc.data.transforms import MAX_IMAGE_PIXELS
 
 __all__ = ["ClevrChange"]
 
@@ -44,6 +45,8 @@ class ClevrChange(BenchmarkDataset):
         include_distractors: also yield the no-change pairs (type ``"no_change"``); True by default, as both are
             trained on and evaluated.
         on_error: ``"skip"`` (count a corrupt image and return ``None``) or ``"raise"``.
+        max_image_pixels: an image over this many pixels is skipped and counted as ``oversized_image`` (None: no
+            cap; see :mod:`namc.data.transforms`).
     """
 
     name = "clevr_change"
@@ -59,8 +62,9 @@ class ClevrChange(BenchmarkDataset):
         image_size: int | None = 224,
         include_distractors: bool = True,
         on_error: Literal["skip", "raise"] = "skip",
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
-        super().__init__(image_size, on_error)
+        super().__init__(image_size, on_error, max_image_pixels)
         root = Path(root)
         split = normalise_split(split)
         ids = read_splits(root / "splits.json", split)

@@ -25,6 +25,7 @@ from namc.data.idc.base import (
     read_type_mapping,
 )
 from namc.data.idc.registry import register_dataset
+from namc.data.transforms import MAX_IMAGE_PIXELS
 
 __all__ = ["ClevrDC"]
 
@@ -44,6 +45,8 @@ class ClevrDC(BenchmarkDataset):
         split: ``train``, ``val`` or ``test``.
         image_size: side of the square output images.
         on_error: ``"skip"`` or ``"raise"``.
+        max_image_pixels: an image over this many pixels is skipped and counted as ``oversized_image`` (None: no
+            cap; see :mod:`namc.data.transforms`).
     """
 
     name = "clevr_dc"
@@ -53,9 +56,14 @@ class ClevrDC(BenchmarkDataset):
     marker = "images"
 
     def __init__(
-        self, root: str | Path, split: str, image_size: int | None = 224, on_error: Literal["skip", "raise"] = "skip"
+        self,
+        root: str | Path,
+        split: str,
+        image_size: int | None = 224,
+        on_error: Literal["skip", "raise"] = "skip",
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
-        super().__init__(image_size, on_error)
+        super().__init__(image_size, on_error, max_image_pixels)
         root = Path(root)
         split = normalise_split(split)
         split_path = _first_existing(root, "splits.json", "split.json")

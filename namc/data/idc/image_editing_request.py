@@ -12,6 +12,7 @@ from typing import Literal
 
 from namc.data.idc.base import AnnotationError, BenchmarkDataset, caption_list, list_folder, load_json, normalise_split
 from namc.data.idc.registry import register_dataset
+from namc.data.transforms import MAX_IMAGE_PIXELS
 
 __all__ = ["ImageEditingRequest"]
 
@@ -26,6 +27,8 @@ class ImageEditingRequest(BenchmarkDataset):
         image_size: side of the square output images.
         image_dir: folder of the images (default: ``root/images`` if it exists, else ``root``).
         on_error: ``"skip"`` or ``"raise"``.
+        max_image_pixels: an image over this many pixels is skipped and counted as ``oversized_image`` (None: no
+            cap; see :mod:`namc.data.transforms`).
     """
 
     name = "ier"
@@ -41,8 +44,9 @@ class ImageEditingRequest(BenchmarkDataset):
         image_size: int | None = 224,
         image_dir: str | Path | None = None,
         on_error: Literal["skip", "raise"] = "skip",
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
-        super().__init__(image_size, on_error)
+        super().__init__(image_size, on_error, max_image_pixels)
         root = Path(root)
         split = normalise_split(split)
         path = root / f"{'valid' if split == 'val' else split}.json"

@@ -76,7 +76,7 @@ def build_benchmark(
         root: the dataset folder in its official layout.
         split: ``train``, ``val`` or ``test``.
         image_size: side of the square output images.
-        **kwargs: loader-specific options (``include_distractors``, ``image_dir``, ``on_error``).
+        **kwargs: loader options (``on_error``, ``max_image_pixels``; ``include_distractors``, ``image_dir``).
     """
     return dataset_class(name)(root, split, image_size, **kwargs)
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 from namc.data.idc.base import AnnotationError, BenchmarkDataset, caption_list, list_folder, load_json, normalise_split
 from namc.data.idc.registry import register_dataset
+from namc.data.transforms import MAX_IMAGE_PIXELS
 
 __all__ = ["SpotTheDiff"]
 
@@ -28,6 +29,8 @@ class SpotTheDiff(BenchmarkDataset):
         split: ``train``, ``val`` or ``test``.
         image_size: side of the square output images.
         on_error: ``"skip"`` or ``"raise"``.
+        max_image_pixels: an image over this many pixels is skipped and counted as ``oversized_image`` (None: no
+            cap; see :mod:`namc.data.transforms`).
     """
 
     name = "spot_the_diff"
@@ -37,9 +40,14 @@ class SpotTheDiff(BenchmarkDataset):
     marker = "annotations"
 
     def __init__(
-        self, root: str | Path, split: str, image_size: int | None = 224, on_error: Literal["skip", "raise"] = "skip"
+        self,
+        root: str | Path,
+        split: str,
+        image_size: int | None = 224,
+        on_error: Literal["skip", "raise"] = "skip",
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
-        super().__init__(image_size, on_error)
+        super().__init__(image_size, on_error, max_image_pixels)
         root = Path(root)
         split = normalise_split(split)
         path = root / "annotations" / f"{split}.json"

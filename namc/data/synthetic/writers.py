@@ -16,7 +16,8 @@
   (:mod:`namc.data.synthetic.noise`).
 
 Pairs are split into chunks run by a process pool; every pair derives from ``(seed, stream, index)`` through its
-own ``random.Random``, so its bytes do not depend on the number of worker processes.
+own ``random.Random``, so its bytes depend neither on the number of worker processes nor on the chunk size.
+``progress=True`` shows a tqdm bar (on stderr) over the pairs written.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image
+from tqdm.auto import tqdm
 
 from namc.data.synthetic.language import change_captions, no_change_captions
 from namc.data.synthetic.noise import corpus_record
@@ -41,6 +43,9 @@ from namc.data.synthetic.scene import CHANGE_TYPES, MAX_OBJECTS, MIN_OBJECTS, ma
 __all__ = ["generate_benchmark", "generate_corpus"]
 
 logger = logging.getLogger(__name__)
+
+# The most pairs one job renders: small enough that a progress bar moves every second or so on one core.
+_MAX_CHUNK = 64
 
 
 def _benchmark_job(args: tuple[int, int, Path, int, int, int, tuple[int, int]]) -> list[dict[str, Any]]:
@@ -74,16 +79,30 @@ def _benchmark_job(args: tuple[int, int, Path, int, int, int, tuple[int, int]]) 
     return results
 
 
-def _run_jobs(fn: Any, jobs: list[Any], workers: int) -> list[Any]:
+def _run_jobs(fn: Any, jobs: list[Any], workers: int, bar: tqdm) -> list[Any]:
+    """Every job's results, in job order; ``bar`` advances by the results of each finished job."""
+    results: list[Any] = []
     if workers <= 1 or len(jobs) <= 1:
-        return [r for job in jobs for r in fn(job)]
+        for job in jobs:
+            rs = fn(job)
+            results += rs
+            bar.update(len(rs))
+        return results
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return [r for rs in pool.map(fn, jobs) for r in rs]
+        for rs in pool.map(fn, jobs):
+            results += rs
+            bar.update(len(rs))
+    return results
 
 
 def _chunks(n: int, workers: int) -> list[tuple[int, int]]:
-    size = max(1, math.ceil(n / max(1, workers * 4)))
+    size = max(1, min(_MAX_CHUNK, math.ceil(n / max(1, workers * 4))))
     return [(s, min(n, s + size)) for s in range(0, n, size)]
+
+
+def _bar(total: int, what: str, progress: bool) -> tqdm:
+    """A tqdm bar over ``total`` pairs on stderr (disabled unless ``progress``)."""
+    return tqdm(total=total, desc=what, unit="pair", disable=not progress, dynamic_ncols=True)
 
 
 def generate_benchmark(
@@ -96,6 +115,7 @@ def generate_benchmark(
     workers: int = 1,
     min_objects: int = MIN_OBJECTS,
     max_objects: int = MAX_OBJECTS,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Writes a shapes-world benchmark in the CLEVR-Change layout (see the module docstring).
 
@@ -109,6 +129,7 @@ def generate_benchmark(
         workers: processes (1: in this process; the output does not depend on it).
         min_objects: fewest objects in an image.
         max_objects: most objects in an image.
+        progress: show a progress bar over the pairs written (stderr).
 
     Returns:
         A summary: ``{"root", "pairs", "splits": {name: count}, "types": {type: count}}``.
@@ -119,7 +140,8 @@ def generate_benchmark(
     for sub in ("images", "sc_images", "nsc_images"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     jobs = [(seed, image_size, out, n_captions, min_objects, max_objects, c) for c in _chunks(n_pairs, workers)]
-    results = sorted(_run_jobs(_benchmark_job, jobs, workers), key=lambda r: r["index"])
+    with _bar(n_pairs, f"writing {out.name}", progress) as bar:
+        results = sorted(_run_jobs(_benchmark_job, jobs, workers, bar), key=lambda r: r["index"])
 
     order = list(range(n_pairs))
     random.Random(f"{seed}-splits").shuffle(order)
@@ -181,6 +203,7 @@ def generate_corpus(
     workers: int = 1,
     min_objects: int = MIN_OBJECTS,
     max_objects: int = MAX_OBJECTS,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Writes a shapes-world pre-training corpus: ``manifest.jsonl``, ``images/``, ``meta.json``.
 
@@ -197,6 +220,7 @@ def generate_corpus(
         workers: processes (the output does not depend on it).
         min_objects: fewest objects in an image.
         max_objects: most objects in an image.
+        progress: show a progress bar over the pairs written (stderr).
 
     Returns:
         The contents of ``meta.json``: counts and the realised phrase- and word-level noise fractions.
@@ -206,7 +230,8 @@ def generate_corpus(
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     jobs = [(seed, image_size, out, noise_rate, min_objects, max_objects, c) for c in _chunks(n_pairs, workers)]
-    results = sorted(_run_jobs(_corpus_job, jobs, workers), key=lambda r: r["index"])
+    with _bar(n_pairs, f"writing {out.name}", progress) as bar:
+        results = sorted(_run_jobs(_corpus_job, jobs, workers, bar), key=lambda r: r["index"])
     totals = {"phrases": 0, "noise_phrases": 0, "words": 0, "noise_words": 0}
     kinds: dict[str, int] = {}
     with open(out / "manifest.jsonl", "w", encoding="utf-8") as f:

@@ -13,10 +13,13 @@
    The report is printed and written as ``<out>/report.json``.
 
 ``--fast`` shrinks everything to a smoke test of about a minute (used by the tests); its numbers mean nothing.
+The full demo takes about 9 minutes on 2 CPU cores. It says so when it starts, then shows where it is on stderr (a
+line per stage, bars over the shapes world written, a line per training epoch with its rate and ETA); ``--quiet``
+leaves only the report.
 
-Modules: :mod:`~namc.lit.demo.settings` (sizes, hyper-parameters and the LightningCLI configs),
-:mod:`~namc.lit.demo.run` (the stages and the command line), :mod:`~namc.lit.demo.report` (the trivial baseline,
-noise identification and the report).
+Modules: :mod:`~namc.lit.demo.settings` (sizes, hyper-parameters, measured wall times and the LightningCLI configs),
+:mod:`~namc.lit.demo.run` (the stages and the command line), :mod:`~namc.lit.demo.progress` (the per-epoch progress
+callback), :mod:`~namc.lit.demo.report` (the trivial baseline, noise identification and the report).
 """
 
 from namc.lit.demo.report import format_report

@@ -1,4 +1,4 @@
-"""Sizes and hyper-parameters of the demo, and the LightningCLI configs of its three training runs.
+"""Sizes and hyper-parameters of the demo, how long it takes, and the LightningCLI configs of its three training runs.
 
 :class:`DemoSettings` with :data:`FULL` (the demo) and :data:`FAST` (``--fast``); :func:`demo_configs` builds the
 configs the demo writes to ``<out>/configs`` (``configs/demo/*.yaml`` are those of :data:`FULL` with
@@ -8,11 +8,12 @@ configs the demo writes to ``<out>/configs`` (``configs/demo/*.yaml`` are those 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAST", "FULL", "DemoSettings", "demo_configs"]
+__all__ = ["EXPECTED_S", "FAST", "FULL", "DemoSettings", "clock", "demo_configs", "expected_total"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,32 @@ FAST = replace(
     val_every=1,
     examples=3,
 )
+
+
+#: Wall time (s) of each demo stage on a 2-core CPU machine (seed 0, 2 torch threads), what ``namc demo`` announces
+#: when it starts: ``full`` is the demo, measured with nothing else running (about 9 minutes; process start adds
+#: about 6 s); ``fast`` is ``--fast``, the best of five runs with other jobs on the machine (load average 3 to 6: the
+#: runs took 49 to 87 s in all, 43 s of CPU time; with ``OMP_NUM_THREADS=1`` 20 to 27 s).
+EXPECTED_S: dict[str, dict[str, float]] = {
+    "full": {"data": 4, "pretrain": 250, "finetune": 134, "scratch": 135, "evaluation": 2},
+    "fast": {"data": 1, "pretrain": 14, "finetune": 18, "scratch": 9, "evaluation": 2},
+}
+
+
+def clock(seconds: float) -> str:
+    """``42 s``, ``4:10`` (minutes:seconds) or ``1:02:03``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def expected_total(expected: Mapping[str, float]) -> str:
+    """``about 9 min`` (whole minutes from 90 s on) or ``about 45 s``."""
+    total = sum(expected.values())
+    return f"about {round(total / 60)} min" if total >= 90 else f"about {round(total)} s"
 
 
 def _trainer(root: Path, name: str, epochs: int, val_every: int, monitor: str | None, progress: bool) -> dict[str, Any]:
