@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform
+from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform, pixel_cap_arg
 from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
 
@@ -108,16 +108,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _pixel_cap(text: str) -> int | None:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no cap), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (no cap) or more, got {value}")
-    return value or None
-
-
 def _device(text: str) -> torch.device:
     """A device that exists on this machine (argparse type: an unusable one is a usage error)."""
     try:
@@ -153,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda, cuda:1, mps (default: cpu)")
     parser.add_argument(
         "--max-image-pixels",
-        type=_pixel_cap,
+        type=pixel_cap_arg,
         default=MAX_IMAGE_PIXELS,
         help=f"refuse images over this many pixels, before decoding them (default {MAX_IMAGE_PIXELS:,}, PIL's "
         "limit; 0: no cap)",

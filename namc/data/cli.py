@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from namc.data.transforms import MAX_IMAGE_PIXELS, pixel_cap_arg
+
 __all__ = ["build_parser", "main"]
 
 
@@ -45,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=1000)
     p.add_argument("--no-verify-images", action="store_true", help="copy images without decoding them")
     p.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--max-image-pixels",
+        type=pixel_cap_arg,
+        default=MAX_IMAGE_PIXELS,
+        help="reject images with more pixels, read from the header before decoding (default %(default)s, PIL's "
+        "limit; 0: no cap)",
+    )
     return parser
 
 
@@ -106,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.shard_size,
             verify_images=not args.no_verify_images,
             progress=not args.quiet,
+            max_image_pixels=args.max_image_pixels,
         )
         print(report.summary())
         return 0

@@ -32,6 +32,7 @@ formats also raise while decoding a frame or a tile) is reported as the same :cl
 
 from __future__ import annotations
 
+import argparse
 import io
 import threading
 import warnings
@@ -228,3 +229,14 @@ class ImageTransform:
 
     def __repr__(self) -> str:
         return f"ImageTransform(image_size={self.image_size}, max_image_pixels={self.max_image_pixels})"
+
+
+def pixel_cap_arg(text: str) -> int | None:
+    """``argparse`` type of a ``--max-image-pixels`` option: a number of pixels, 0 for no cap (None)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no cap), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no cap) or more, got {value}")
+    return value or None
