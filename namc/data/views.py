@@ -1,24 +1,42 @@
-"""Training views of datasets, drawn without the global RNG so that workers, ranks and resuming do not change them.
+"""Training views of datasets, drawn without the global RNG so that workers, ranks and resuming do not change them,
+and the DataLoader that resumes them in the middle of an epoch.
 
 - :class:`ReferencePicker`: each benchmark item keeps one reference caption, drawn from ``(seed, epoch, index)``.
 - :class:`EvenStream`: every reader of a :class:`~namc.data.corpus.CorpusDataset` yields exactly the same number of
   samples (DDP would hang otherwise), with image-order swapping (appendix B.3) drawn from ``(seed, epoch, reader)``.
+- :class:`EpochSampler`: a seeded :class:`~torch.utils.data.DistributedSampler` that can start an epoch part way.
+- :class:`ResumableLoader`: a DataLoader with ``state_dict()`` / ``load_state_dict()`` (Lightning stores them in its
+  checkpoints), so a run resumed from a mid-epoch checkpoint gets exactly the batches an uninterrupted one would.
+
+Exact resume by replay, not by snapshots: the data order of an epoch is a pure function of ``(seed, epoch, rank,
+reader)``, so the saved position is small (the epoch, the batches consumed and, per corpus reader, the raw units
+and samples it had consumed) and restoring it means skipping what was consumed. A benchmark sampler drops the
+consumed indices; a corpus reader reads its consumed units again without decoding them (raw bytes or lines), which
+also rebuilds its shuffle buffer exactly, and advances its swap generator by the samples it had yielded. Skipped
+bad samples count as consumed units, so decoding is never needed to find the place. DataLoader workers take batches
+in turn, so a stream resumed after ``k`` batches hands worker ``w`` the reader slot ``(w + k) % workers``, whose
+batch comes next.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
 
 from namc.data.corpus import CorpusDataset
+from namc.ops.distributed import gather_objects, world
 
-__all__ = ["EvenStream", "ReferencePicker", "swap_pair"]
+__all__ = ["EpochSampler", "EvenStream", "ReferencePicker", "ResumableLoader", "swap_pair"]
 
 logger = logging.getLogger(__name__)
+
+POSITION_KEY = "__namc_position__"  # an EvenStream item's (reader, units, samples) after it; stripped before collate
+STATE_FORMAT = 1
 
 
 class ReferencePicker(Dataset):
@@ -64,6 +82,10 @@ class EvenStream(IterableDataset):
     (skipped bad samples, or an uneven split) starts its share again and the repeats are logged. Image-order
     swapping (appendix B.3) is drawn here from ``(seed, epoch, reader)`` instead of the global RNG, so it does not
     depend on workers or on resuming.
+
+    Each item carries its reader's position after it under ``POSITION_KEY`` (``(reader, units, samples)``: raw units
+    read, bad ones included, and samples yielded this epoch); :class:`ResumableLoader` strips it before collating
+    and keeps the position of every reader whose batch it handed out, and :meth:`start_at` resumes from them.
     """
 
     def __init__(self, dataset: CorpusDataset, per_reader: int, workers: int, swap_prob: float = 0.0) -> None:
@@ -72,34 +94,221 @@ class EvenStream(IterableDataset):
         self.per_reader = per_reader
         self.workers = max(workers, 1)
         self.swap_prob = swap_prob
+        self._start: tuple[int, dict[int, tuple[int, int]]] = (0, {})
 
     def __len__(self) -> int:
         return self.per_reader * self.workers
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        n, repeats = 0, 0
-        reader, _ = self.dataset.reader()
-        rng = random.Random(f"swap-{self.dataset.seed}-{self.dataset.epoch}-{reader}")
-        while n < self.per_reader:
-            got = 0
-            for item in self.dataset:
-                yield swap_pair(item) if self.swap_prob > 0 and rng.random() < self.swap_prob else item
-                n += 1
-                got += 1
-                if n >= self.per_reader:
-                    break
-            if got == 0:
-                reader, readers = self.dataset.reader()
-                raise RuntimeError(
-                    f"corpus reader {reader} of {readers} got no samples: use more shards than ranks x workers "
-                    "(or fewer DataLoader workers)"
-                )
-            if n < self.per_reader:
-                repeats += 1
-        if repeats:
-            info = get_worker_info()
-            logger.warning("corpus reader (worker %s) restarted its share %d time(s) to even out the ranks",
-                           info.id if info else 0, repeats)  # fmt: skip
+    @property
+    def epoch(self) -> int:
+        return self.dataset.epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
+
+    def start_at(self, batches: int, positions: dict[int, tuple[int, int]]) -> None:
+        """Make the next iteration continue this epoch after ``batches`` batches (of all workers of this rank).
+
+        Args:
+            batches: batches of this rank already consumed this epoch.
+            positions: reader id -> ``(units, samples)`` it had consumed, as its last consumed batch reported.
+        """
+        self._start = (batches, dict(positions))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        # read the start now, not in the generator: the loader resets it once the iterator exists
+        batches, positions = self._start
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        reader, n_readers = self.dataset.reader(slot=(worker + batches) % n_workers)
+        units, samples = positions.get(reader, (0, 0))
+        return self._iterate(reader, n_readers, units, samples)
+
+    def _passes(self, reader: int, n_readers: int) -> Iterator[tuple[int, int, str, Any]]:
+        """``(pass, index in pass, where, unit)`` of the reader's units, pass after pass (a short share restarts)."""
+        n_pass = 0
+        while True:
+            i = -1
+            for i, (where, unit) in enumerate(self.dataset.units(reader, n_readers)):
+                yield n_pass, i, where, unit
+            if i < 0:
+                raise RuntimeError(
+                    f"corpus reader {reader} of {n_readers} got no samples: use more shards than ranks x workers "
+                    "(or fewer DataLoader workers)"
+                )
+            n_pass += 1
+
+    def _iterate(self, reader: int, n_readers: int, units: int, samples: int) -> Iterator[dict[str, Any]]:
+        rng = random.Random(f"swap-{self.dataset.seed}-{self.dataset.epoch}-{reader}")
+        if self.swap_prob > 0:
+            for _ in range(samples):  # the draws of the samples already yielded
+                rng.random()
+        stream = self._passes(reader, n_readers)
+        for _ in range(units):  # consumed units: read again (no decoding), which rebuilds the shuffle buffer
+            next(stream)
+        first_pass, current, whole, good = None, -1, False, 0
+        while samples < self.per_reader:
+            n_pass, i, where, unit = next(stream)
+            units += 1
+            if n_pass != current:
+                if whole and good == 0:
+                    raise RuntimeError(f"corpus reader {reader} of {n_readers}: no sample of its share decodes")
+                first_pass = n_pass if first_pass is None else first_pass
+                current, whole, good = n_pass, i == 0, 0
+            item = self.dataset.decode(where, unit)
+            if item is None:
+                continue
+            good += 1
+            samples += 1
+            if self.swap_prob > 0 and rng.random() < self.swap_prob:
+                item = swap_pair(item)
+            yield {**item, POSITION_KEY: (reader, units, samples)}
+        if current > (first_pass or 0):
+            logger.warning("corpus reader %d restarted its share %d time(s) to even out the ranks", reader,
+                           current - (first_pass or 0))  # fmt: skip
+
+
+class EpochSampler(DistributedSampler):
+    """A seeded DistributedSampler (reshuffled per epoch by ``set_epoch``) whose next epoch can start at ``start``.
+
+    ``len()`` stays the whole epoch's, as Lightning expects of a resumed loader; :class:`ResumableLoader` sets
+    ``start`` (the indices of this rank already consumed) before each iteration, and the iteration uses it once.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, shuffle: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
+        self.start = 0
+
+    def __iter__(self) -> Iterator[int]:
+        start, self.start = self.start, 0
+        return iter(list(super().__iter__())[start:])
+
+
+class _PositionedCollate:
+    """Collates EvenStream items without their position and returns ``(batch, position of the last item)``."""
+
+    def __init__(self, collate: Callable[[Sequence[Any]], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, items: Sequence[dict[str, Any]]) -> tuple[Any, tuple[int, int, int] | None]:
+        position = None
+        clean = []
+        for item in items:
+            if item is not None and POSITION_KEY in item:
+                item = dict(item)
+                position = item.pop(POSITION_KEY)
+            clean.append(item)
+        return self.collate(clean), position
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader that saves and restores its position in the epoch (``state_dict`` / ``load_state_dict``).
+
+    Lightning calls both (it keeps the state in the checkpoint's ``loops.fit_loop.state_dict.combined_loader``), so
+    ``trainer.fit(..., ckpt_path=...)`` from a mid-epoch checkpoint continues with the next batch of the epoch. The
+    dataset is an :class:`EvenStream` or a map-style dataset sampled by an :class:`EpochSampler`; the epoch is the
+    stream's or the sampler's epoch when an iteration starts (a saved position of another epoch is dropped: that
+    epoch is over). The iteration starts lazily, at the first batch, after the epoch hooks have run.
+
+    Under DDP ``state_dict`` gathers every rank's position (a collective: Lightning saves checkpoints on every
+    rank) and ``load_state_dict`` takes this rank's. A state saved with another world size, number of workers or
+    batch size cannot say where this run is: it is ignored with a warning and the epoch starts again.
+
+    Args:
+        dataset: an :class:`EvenStream` or a map-style dataset.
+        batch_size: samples per batch.
+        sampler: an :class:`EpochSampler` (map-style datasets).
+        collate_fn: collates a list of items.
+        **kwargs: the other DataLoader arguments.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int = 1,
+        sampler: EpochSampler | None = None,
+        collate_fn: Callable[[Sequence[Any]], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._stream = isinstance(dataset, EvenStream)
+        if not self._stream and not isinstance(sampler, EpochSampler):
+            raise TypeError("ResumableLoader needs an EvenStream or a map-style dataset with an EpochSampler")
+        if self._stream:
+            collate_fn = _PositionedCollate(collate_fn or default_collate)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, **kwargs)
+        self._pending: dict[str, Any] | None = None
+        self._epoch = 0
+        self._batches = 0
+        self._positions: dict[int, tuple[int, int]] = {}
+
+    @property
+    def batches(self) -> int:
+        """Batches of the current epoch handed out so far on this rank (those before a resume included)."""
+        return self._batches
+
+    def _current_epoch(self) -> int:
+        return int(self.dataset.epoch if self._stream else self.sampler.epoch)  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's position: ``{"format", "ranks": [{"epoch", "batches", "positions", "workers",
+        "batch_size"}, ...]}`` (plain ints and lists: checkpoints load with ``weights_only=True``)."""
+        local = {
+            "epoch": self._epoch,
+            "batches": self._batches,
+            "positions": [[r, u, n] for r, (u, n) in sorted(self._positions.items())],
+            "workers": self.num_workers,
+            "batch_size": self.batch_size,
+        }
+        return {"format": STATE_FORMAT, "ranks": gather_objects(local)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch at the next iteration (see the class docstring for what cannot be resumed)."""
+        rank, world_size = world()
+        try:
+            ranks = state["ranks"]
+            mine = ranks[rank] if state["format"] == STATE_FORMAT and len(ranks) == world_size else None
+            if mine is not None and (mine["workers"], mine["batch_size"]) != (self.num_workers, self.batch_size):
+                mine = None
+        except (KeyError, TypeError, IndexError) as err:
+            raise ValueError(f"the checkpoint's data loader state is malformed ({err!r}): {state!r:.200}") from None
+        if mine is None:
+            logger.warning(
+                "the checkpoint's data position was saved by another set-up (%s); this run has %d rank(s), %d "
+                "worker(s), batch size %d: the epoch starts again from its first batch",
+                state.get("ranks"), world_size, self.num_workers, self.batch_size,
+            )  # fmt: skip
+            return
+        self._pending = mine
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[Any]:
+        epoch = self._current_epoch()
+        start, self._pending = self._pending, None
+        if start is not None and int(start["epoch"]) != epoch:
+            start = None  # saved at the end of an epoch that is over
+        self._epoch = epoch
+        self._batches = int(start["batches"]) if start else 0
+        self._positions = {int(r): (int(u), int(n)) for r, u, n in start["positions"]} if start else {}
+        if self._batches:
+            logger.info("resuming epoch %d after its batch %d", epoch, self._batches)
+        if self._stream:
+            self.dataset.start_at(self._batches, self._positions)  # type: ignore[attr-defined]
+        else:
+            self.sampler.start = self._batches * (self.batch_size or 1)  # type: ignore[attr-defined]
+        it = super().__iter__()
+        if self._stream:
+            self.dataset.start_at(0, {})  # type: ignore[attr-defined]  # the workers have their copies
+        try:
+            for out in it:
+                if self._stream:
+                    out, position = out
+                    if position is not None:
+                        self._positions[int(position[0])] = (int(position[1]), int(position[2]))
+                self._batches += 1
+                yield out
+        finally:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()

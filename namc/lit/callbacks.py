@@ -1,20 +1,27 @@
-"""Callbacks: export the trained network as a ``from_pretrained`` folder, and write predicted captions."""
+"""Callbacks: export the trained network as a ``from_pretrained`` folder, and write predicted captions; and
+:class:`AtomicCheckpointIO`, the checkpoint writer that a kill cannot leave half-written."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from namc.models import load_model
 from namc.ops.distributed import gather_objects
 
-__all__ = ["CaptionWriter", "ExportModel"]
+__all__ = ["AtomicCheckpointIO", "CaptionWriter", "ExportModel"]
+
+PARTIAL_SUFFIX = ".partial"
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +94,56 @@ class CaptionWriter(BasePredictionWriter):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
             logger.info("wrote %d captions to %s", len(merged), self.path)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes every checkpoint atomically: a kill during a save leaves the previous file (``last.ckpt``) whole.
+
+    The checkpoint goes to a hidden temporary file in the same folder (``.last.ckpt.<pid>.partial``), which is
+    fsynced and then renamed over the target (``os.replace``, atomic on one file system), and the folder is fsynced
+    so the rename survives a power cut. A save killed half way leaves only its ``.partial`` file, which no
+    ``ckpt_path`` pattern matches and the next save of the same target removes. Lightning's own writer stages the
+    file in ``$TMPDIR`` and moves it, which is a copy, not a rename, when ``$TMPDIR`` is on another file system than
+    the checkpoints (a kill then truncates ``last.ckpt``), never fsyncs, and leaves killed saves in ``$TMPDIR``.
+    Remote paths (``s3://`` ...) are written by Lightning's writer.
+
+    In a config::
+
+        trainer:
+          plugins:
+            - class_path: namc.lit.callbacks.AtomicCheckpointIO
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not _is_local_file_protocol(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = Path(str(path).removeprefix("file://"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in target.parent.glob(f".{target.name}.*{PARTIAL_SUFFIX}"):  # left by a killed save
+            stale.unlink(missing_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(target.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX; a no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -9,6 +9,10 @@ reused, as fine-tuning must.
 DDP: the benchmark's training set is split by a ``DistributedSampler`` (seeded, reshuffled per epoch); the corpus
 streams disjoint shards / manifest lines to every rank and DataLoader worker, and every reader yields exactly the
 same number of samples (a short reader starts its share again) so all ranks run the same number of steps.
+
+Resuming: both training loaders are a :class:`~namc.data.views.ResumableLoader`, whose position (epoch, batches,
+every rank's and reader's place) Lightning keeps in its checkpoints, so ``--ckpt_path`` from a mid-epoch checkpoint
+continues with exactly the batches an uninterrupted run would have seen (see :mod:`namc.data.views`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from namc.data.collate import CaptionCollator, PretrainCollator, SkipNone
 from namc.data.corpus import CorpusDataset
 from namc.data.idc import BENCHMARKS, BenchmarkDataset, build_benchmark, check_benchmark_root
 from namc.data.pairs import PairListDataset
-from namc.data.views import EvenStream, ReferencePicker
+from namc.data.views import EpochSampler, EvenStream, ReferencePicker, ResumableLoader
 from namc.models.io import read_tokenizer
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer
 
@@ -70,6 +74,7 @@ class NAMCDataModule(pl.LightningDataModule):
         self.min_freq = min_freq
         self._tokenizer: CaptionTokenizer | None = None
         self._train: Any = None  # the training dataset view, which has set_epoch(epoch)
+        self._sampler: EpochSampler | None = None  # the training sampler of a map-style dataset
 
     def vocabulary_texts(self) -> Iterable[str]:
         raise NotImplementedError
@@ -89,6 +94,8 @@ class NAMCDataModule(pl.LightningDataModule):
         """Seed the data-side randomness of training epoch ``epoch`` (called by the LightningModule)."""
         if self._train is not None:
             self._train.set_epoch(epoch)
+        if self._sampler is not None:
+            self._sampler.set_epoch(epoch)
 
 
 class BenchmarkDataModule(NAMCDataModule):
@@ -183,18 +190,14 @@ class BenchmarkDataModule(NAMCDataModule):
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         # training items already carry one reference, drawn by ReferencePicker
         collate = SkipNone(CaptionCollator(self.caption_tokenizer, self.max_caption_len, sample_reference=False))
-        sampler = None
         if train:
             rank, world = _rank_world(self.trainer)
-            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=self.shuffle_seed)
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=collate,
-            persistent_workers=False,
-        )
+            self._sampler = EpochSampler(dataset, num_replicas=world, rank=rank, seed=self.shuffle_seed)
+            self._sampler.set_epoch(_trainer_epoch(self.trainer))
+            return ResumableLoader(dataset, batch_size=self.batch_size, sampler=self._sampler, collate_fn=collate,
+                                   num_workers=self.num_workers, persistent_workers=False)  # fmt: skip
+        return DataLoader(dataset, batch_size=self.eval_batch_size, num_workers=self.num_workers, collate_fn=collate,
+                          persistent_workers=False)  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         self._train = ReferencePicker(self.split("train"), self.shuffle_seed)
@@ -316,8 +319,8 @@ class CorpusDataModule(NAMCDataModule):
             )
         self._train = EvenStream(base, per_reader, self.num_workers, self.swap_prob)
         self._train.set_epoch(_trainer_epoch(self.trainer))
-        return DataLoader(self._train, batch_size=self.batch_size, num_workers=self.num_workers,
-                          collate_fn=self._collate(), drop_last=True, persistent_workers=False)  # fmt: skip
+        return ResumableLoader(self._train, batch_size=self.batch_size, num_workers=self.num_workers,
+                               collate_fn=self._collate(), drop_last=True, persistent_workers=False)  # fmt: skip
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_path is None:

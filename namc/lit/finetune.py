@@ -87,6 +87,9 @@ class FinetuneModule(NAMCModule):
         if grid_trainable is not None and grid_trainable != net.config.grid_trainable:
             net.grid.set_frozen(not grid_trainable)
             net.config = dataclasses.replace(net.config, grid_trainable=grid_trainable)
+        # e_M replaces masked grid features, and fine-tuning masks nothing: freeze it, or DDP stops at the first step
+        # on a parameter without gradient (plain `ddp` needs every trainable parameter used)
+        net.mir.e_m.requires_grad_(False)
         self.model = net
         self._check_grid_cache(cache_grids)
         self._outputs: dict[str, list[tuple[str, str, list[str], str | None]]] = {}

@@ -21,8 +21,10 @@ per optimiser step over ``trainer.estimated_stepping_batches``.
 
 Reproducibility: before every training step torch's global RNG (dropout) is reseeded from (seed, epoch, batch,
 rank), NIM's masks come from a generator seeded the same way, and the datamodule draws its data-side randomness
-(shuffling, reference captions, image swapping) from (seed, epoch) without the global RNG. A run resumed from an
-epoch-end checkpoint (``--ckpt_path``) therefore ends with the same weights as an uninterrupted one.
+(shuffling, reference captions, image swapping) from (seed, epoch) without the global RNG; its training loader saves
+its place in the epoch in every checkpoint (:class:`namc.data.views.ResumableLoader`). A run killed at any step and
+resumed from its last checkpoint (``--ckpt_path``) therefore ends with the same weights, bit for bit, as an
+uninterrupted one (``tests/test_resume.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import CombinedLoader
 
 from namc._version import __version__
 from namc.models.io import NAMC_KEY, checkpoint_entry
@@ -140,6 +143,8 @@ class NAMCModule(pl.LightningModule):
         super().__init__()
         self._seed = seed
         self._grids: dict[str, torch.Tensor] = {}  # memoised frozen grids (cache_grids), by pair id and slot
+        self._loader_states: list[dict[str, Any]] | None = None  # the training loaders' saved positions
+        self._mid_epoch = False  # the loaded checkpoint was saved in the middle of an epoch
 
     # -------------------------------------------------------------------------------------------- helpers
 
@@ -174,14 +179,65 @@ class NAMCModule(pl.LightningModule):
 
     # -------------------------------------------------------------------------------------------- hooks
 
-    def on_train_epoch_start(self) -> None:
+    def _set_data_epoch(self) -> None:
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "set_epoch"):
             dm.set_epoch(self.current_epoch)
 
+    def on_train_start(self) -> None:
+        # a resumed run skips on_train_epoch_start of the epoch it re-enters, and Lightning settles which epoch that
+        # is (the next one, after a checkpoint of an epoch's last batch) only after building the loader
+        self._set_data_epoch()
+        self._restore_loader_states()
+
+    def _restore_loader_states(self) -> None:
+        """Hand the training loaders their saved positions (Lightning 2.6 does not, see :meth:`on_load_checkpoint`).
+
+        The loaders start iterating at their first batch, after this hook; loading the same state twice (where
+        Lightning did hand it over) is harmless.
+        """
+        states, self._loader_states = self._loader_states, None
+        if self.trainer.ckpt_path is None:  # a checkpoint loaded for another run than this resume
+            return
+        if not states:
+            if self._mid_epoch:
+                logger.warning(
+                    "%s was saved in the middle of an epoch without the data position (by an older namc, or with a "
+                    "loader without state): the epoch's data starts again, so this run will not match an "
+                    "uninterrupted one",
+                    self.trainer.ckpt_path,
+                )
+            return
+        loaders = [
+            dl for dl in CombinedLoader(self.trainer.train_dataloader).flattened if hasattr(dl, "load_state_dict")
+        ]
+        if len(loaders) != len(states):
+            raise ValueError(
+                f"the checkpoint {self.trainer.ckpt_path} holds the positions of {len(states)} training loader(s), "
+                f"this run has {len(loaders)}: resume with the data settings it was saved with"
+            )
+        for loader, state in zip(loaders, states):
+            loader.load_state_dict(state)
+
+    def on_train_epoch_start(self) -> None:
+        self._set_data_epoch()
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # dropout draws from torch's global RNG: seed it per step so a resumed run replays the same masks
-        torch.manual_seed(_mix(self.seed, self.current_epoch, batch_idx, self.global_rank, 1))
+        torch.manual_seed(_mix(self.seed, self.current_epoch, self._epoch_batch(batch_idx), self.global_rank, 1))
+
+    def _epoch_batch(self, batch_idx: int) -> int:
+        """The index in its epoch of the training batch at hand, as the training loader counts it.
+
+        It seeds the masks and dropout, so it must not change with resuming. Lightning's ``batch_idx`` does (2.6):
+        a run resumed from a checkpoint of an epoch's last batch leaves its epoch counters one short, and a later
+        resume from one of its checkpoints restarts ``batch_idx`` at 0 mid-epoch. The loader's count
+        (:class:`~namc.data.views.ResumableLoader`) survives any number of resumes.
+        """
+        trainer = self._trainer
+        loader = trainer.train_dataloader if trainer is not None else None
+        batches = getattr(loader, "batches", 0)
+        return batches - 1 if isinstance(batches, int) and batches > 0 else batch_idx
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[NAMC_KEY] = checkpoint_entry(self.model.config, self.model.tokenizer, __version__)
@@ -197,6 +253,13 @@ class NAMCModule(pl.LightningModule):
                 "word tokenizer is built from the training texts): resume with the same data, or fine-tune from the "
                 "checkpoint with `model.init_args.pretrained`"
             )
+        # configure_optimizers asks for trainer.estimated_stepping_batches, which makes Lightning build the training
+        # loader before it restores the checkpoint, and then (2.6) it never gives that loader the position it saved
+        # in the checkpoint (fit_loop.setup_data returns early): keep it for on_train_start
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        self._loader_states = fit_loop.get("state_dict", {}).get("combined_loader") or None
+        progress = fit_loop.get("epoch_loop.batch_progress", {})
+        self._mid_epoch = bool(progress.get("current", {}).get("processed")) and not progress.get("is_last_batch")
 
     def _adam(self, groups: list[dict[str, Any]], warmup_steps: int, weight_decay: float) -> dict[str, Any]:
         """Adam over ``groups`` (``name``, ``params``, ``lr``, ``min_lr``) with a per-group cosine schedule per step."""

@@ -132,7 +132,8 @@ class PretrainModule(NAMCModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         """One pre-training step; returns ``loss`` and the detached parts (``outputs`` of ``on_train_batch_end``)."""
         gather = all_gather_with_grad if (self.hparams.gather_negatives and distributed_ready()) else None
-        out = pretrain_step(self.model, self._with_cache(batch), self._generator(batch_idx, 0), gather)
+        generator = self._generator(self._epoch_batch(batch_idx), 0)
+        out = pretrain_step(self.model, self._with_cache(batch), generator, gather)
         B = batch["image1"].shape[0]
         self.log("train/loss", out["loss"].detach(), prog_bar=True, batch_size=B)
         for key in ("nim", "mir", "fdg", "img_mask_frac", "txt_mask_frac"):

@@ -5,6 +5,10 @@ goes to reader ``j % (world_size * num_workers)``, reader id ``rank * num_worker
 overlap and together see every unit once per epoch. Shard order is permuted per epoch (same seed on every rank) and
 a seeded buffer shuffles samples within a reader, when ``shuffle_buffer > 1``. Only the buffer (raw bytes / lines,
 not decoded images) is held in memory.
+
+A reader's order is a pure function of ``(source, seed, epoch, reader)`` and is exposed undecoded
+(:meth:`CorpusDataset.units`), then decoded one unit at a time (:meth:`CorpusDataset.decode`): a resumed stream
+(:class:`namc.data.views.EvenStream`) finds its place by reading the consumed units again without decoding them.
 """
 
 from __future__ import annotations
@@ -120,15 +124,31 @@ class CorpusDataset(IterableDataset):
             raise ValueError(f"rank {rank} outside world size {world}")
         return rank, world
 
-    def reader(self) -> tuple[int, int]:
-        """This process's ``(reader_id, n_readers)`` over ranks x DataLoader workers."""
+    def reader(self, slot: int | None = None) -> tuple[int, int]:
+        """This process's ``(reader_id, n_readers)`` over ranks x DataLoader workers.
+
+        Args:
+            slot: read as this worker slot of the rank (default: this process's DataLoader worker id); a resumed
+                stream hands its workers the slots whose batches come next (:class:`namc.data.views.EvenStream`).
+        """
         rank, world = self._dist()
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return rank * n_workers + worker, world * n_workers
+        return rank * n_workers + (worker if slot is None else slot), world * n_workers
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        reader, n_readers = self.reader()
+        for where, unit in self.units(*self.reader()):
+            sample = self.decode(where, unit)
+            if sample is not None:
+                yield sample
+
+    def units(self, reader: int, n_readers: int) -> Iterator[tuple[str, Any]]:
+        """Reader ``reader``'s undecoded units (``(where, raw sample)``) of this epoch, in shuffle-buffer order.
+
+        A pure function of ``(source, seed, epoch, reader, n_readers)``: no image is decoded, so a resumed reader
+        skips the units it has already consumed by reading them again (raw bytes or lines only), which also rebuilds
+        its shuffle buffer exactly. :meth:`decode` turns a unit into a sample (or ``None``, counted).
+        """
         if self.mode == "shards":
             shards = list(self.paths)
             if self.shuffle_buffer > 1:
@@ -139,11 +159,7 @@ class CorpusDataset(IterableDataset):
         else:
             raw = self._raw_manifest(reader, n_readers)
         rng = random.Random(f"buffer-{self.seed}-{self.epoch}-{reader}")
-        for where, unit in _buffer_shuffle(raw, self.shuffle_buffer, rng):
-            sample = self._decode(where, unit)
-            if sample is not None:
-                self.issues.add_ok()
-                yield sample
+        yield from _buffer_shuffle(raw, self.shuffle_buffer, rng)
 
     def _raw_manifest(self, reader: int, n_readers: int) -> Iterator[tuple[str, Any]]:
         path = self.paths[0]
@@ -157,7 +173,8 @@ class CorpusDataset(IterableDataset):
             for key, group in iter_tar_groups(shard, self.issues, sizes.get(shard)):
                 yield f"{shard}:{key}", group
 
-    def _decode(self, where: str, unit: Any) -> dict[str, Any] | None:
+    def decode(self, where: str, unit: Any) -> dict[str, Any] | None:
+        """The sample of one unit of :meth:`units`, or ``None`` when it is bad (skipped and counted in ``issues``)."""
         try:
             if isinstance(unit, str):
                 try:
@@ -190,6 +207,7 @@ class CorpusDataset(IterableDataset):
         except RecordError as err:
             self.issues.add(err.kind, where, str(err))
             return None
+        self.issues.add_ok()
         return {
             "id": rec.id,
             "source": rec.source,
