@@ -4,9 +4,9 @@ Only this package imports Lightning; everything it trains is a plain :class:`nam
 :mod:`namc.objectives`.
 """
 
-from namc.lit.callbacks import CaptionWriter, ExportModel
+from namc.lit.callbacks import AtomicCheckpointIO, CaptionWriter, ExportModel
 from namc.lit.finetune import FinetuneModule
 from namc.lit.modules import NAMCModule
 from namc.lit.pretrain import PretrainModule
 
-__all__ = ["CaptionWriter", "ExportModel", "FinetuneModule", "NAMCModule", "PretrainModule"]
+__all__ = ["AtomicCheckpointIO", "CaptionWriter", "ExportModel", "FinetuneModule", "NAMCModule", "PretrainModule"]

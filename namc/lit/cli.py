@@ -176,6 +176,8 @@ class NAMCCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
+        # every checkpoint is written atomically (a kill during a save leaves the previous one whole)
+        kwargs.setdefault("trainer_defaults", {"plugins": [{"class_path": "namc.lit.callbacks.AtomicCheckpointIO"}]})
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:

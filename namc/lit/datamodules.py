@@ -29,6 +29,7 @@ from namc.data.collate import CaptionCollator, PretrainCollator, SkipNone
 from namc.data.corpus import CorpusDataset
 from namc.data.idc import BENCHMARKS, BenchmarkDataset, build_benchmark, check_benchmark_root
 from namc.data.pairs import PairListDataset
+from namc.data.transforms import MAX_IMAGE_PIXELS
 from namc.data.views import EpochSampler, EvenStream, ReferencePicker, ResumableLoader
 from namc.models.io import read_tokenizer
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer
@@ -118,6 +119,8 @@ class BenchmarkDataModule(NAMCDataModule):
         shuffle_seed: seed of the training shuffle.
         cache_images: keep the decoded images in memory after their first read (small benchmarks such as the
             demo's; needs ``num_workers=0``, since worker processes restart every epoch).
+        max_image_pixels: images with more pixels are skipped as ``oversized_image`` before decoding (None: no
+            cap; the policy is in :mod:`namc.data.transforms`).
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class BenchmarkDataModule(NAMCDataModule):
         predict_split: str = "test",
         shuffle_seed: int = 0,
         cache_images: bool = False,
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
         super().__init__(tokenizer, min_freq)
         if name not in BENCHMARKS:
@@ -158,13 +162,16 @@ class BenchmarkDataModule(NAMCDataModule):
         self.predict_split = predict_split
         self.shuffle_seed = shuffle_seed
         self.cache_images = cache_images
+        self.max_image_pixels = max_image_pixels
         self._splits: dict[str, Dataset] = {}
 
     def split(self, split: str) -> BenchmarkDataset:
         """The benchmark dataset of ``split`` (built once)."""
         if split not in self._splits:
             check_benchmark_root(self.name, self.root)
-            kwargs = {"include_distractors": self.include_distractors} if self.name == "clevr_change" else {}
+            kwargs: dict[str, Any] = {"max_image_pixels": self.max_image_pixels}
+            if self.name == "clevr_change":
+                kwargs["include_distractors"] = self.include_distractors
             ds = build_benchmark(self.name, self.root, split, self.image_size, **kwargs)
             self._splits[split] = ds.enable_image_cache() if self.cache_images else ds
         return self._splits[split]  # type: ignore[return-value]
@@ -240,6 +247,8 @@ class CorpusDataModule(NAMCDataModule):
         swap_prob: probability of exchanging the two images of a pair (the appendix B.3 ablation).
         shuffle_buffer: samples held by each reader's shuffle buffer (shard order is permuted per epoch too).
         shuffle_seed: seed of the shard permutation and the shuffle buffers.
+        max_image_pixels: images with more pixels are skipped as ``oversized_image`` before decoding (None: no
+            cap; the policy is in :mod:`namc.data.transforms`).
     """
 
     def __init__(
@@ -257,6 +266,7 @@ class CorpusDataModule(NAMCDataModule):
         swap_prob: float = 0.0,
         shuffle_buffer: int = 1000,
         shuffle_seed: int = 0,
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
         super().__init__(tokenizer, min_freq)
         self.save_hyperparameters()
@@ -271,6 +281,7 @@ class CorpusDataModule(NAMCDataModule):
         self.swap_prob = swap_prob
         self.shuffle_buffer = shuffle_buffer
         self.shuffle_seed = shuffle_seed
+        self.max_image_pixels = max_image_pixels
         self._val: CorpusDataset | None = None
 
     @staticmethod
@@ -308,7 +319,7 @@ class CorpusDataModule(NAMCDataModule):
         rank, world = _rank_world(self.trainer)
         base = CorpusDataset(
             self.train_path, self.image_size, shuffle_buffer=self.shuffle_buffer, seed=self.shuffle_seed, rank=rank,
-            world_size=world,
+            world_size=world, max_image_pixels=self.max_image_pixels,
         )  # fmt: skip
         readers = world * max(self.num_workers, 1)
         per_reader = (base.count() // readers) // self.batch_size * self.batch_size
@@ -326,7 +337,9 @@ class CorpusDataModule(NAMCDataModule):
         if self.val_path is None:
             return []
         rank, world = _rank_world(self.trainer)
-        self._val = CorpusDataset(self.val_path, self.image_size, rank=rank, world_size=world)
+        self._val = CorpusDataset(
+            self.val_path, self.image_size, rank=rank, world_size=world, max_image_pixels=self.max_image_pixels
+        )
         return DataLoader(self._val, batch_size=self.batch_size, num_workers=self.num_workers,
                           collate_fn=self._collate())  # fmt: skip
 

@@ -25,10 +25,18 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from namc.data.corpus.records import IMAGE_ERRORS, CorpusRecord, RecordError, iter_manifest, parse_record, read_codes
-from namc.data.corpus.shards import INDEX_FILE, iter_tar_groups, shard_sizes
+from namc.data.corpus.records import (
+    IMAGE_ERRORS,
+    CorpusRecord,
+    RecordError,
+    iter_manifest,
+    parse_line,
+    parse_record,
+    read_codes,
+)
+from namc.data.corpus.shards import iter_tar_groups, list_shards, shard_sizes
 from namc.data.issues import DataIssues, IssueKind
-from namc.data.transforms import ImageTransform
+from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTransform
 
 __all__ = ["CorpusDataset"]
 
@@ -40,14 +48,7 @@ def _resolve_source(source: str | Path | Sequence[str | Path]) -> tuple[str, lis
     if isinstance(source, str | Path):
         path = Path(source)
         if path.is_dir():
-            index = path / INDEX_FILE
-            if index.exists():
-                shards = [path / s["file"] for s in json.loads(index.read_text())["shards"]]
-            else:
-                shards = sorted(path.glob("*.tar"))
-            if not shards:
-                raise FileNotFoundError(f"no shards (*.tar) in {path}")
-            return "shards", shards
+            return "shards", list_shards(path)  # index.json order; sorted *.tar if it is missing or unreadable
         if not path.exists():
             raise FileNotFoundError(f"corpus source not found: {path}")
         if path.suffix == ".tar":
@@ -83,6 +84,8 @@ class CorpusDataset(IterableDataset):
         world_size: DDP world size (default: ``torch.distributed`` if initialised, else 1).
         load_images: decode images (False yields the records only, e.g. to benchmark the reader).
         issues: where to count skipped samples (default: a new :class:`DataIssues`).
+        max_image_pixels: images with more pixels are skipped as ``oversized_image`` before decoding (None: no cap;
+            :mod:`namc.data.transforms` states the policy).
 
     Call :meth:`set_epoch` before each epoch (with ``persistent_workers=False`` the workers receive the new epoch).
     Ranks can receive different numbers of samples when shards differ in size; drop the remainder or pad in
@@ -100,10 +103,11 @@ class CorpusDataset(IterableDataset):
         world_size: int | None = None,
         load_images: bool = True,
         issues: DataIssues | None = None,
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
         super().__init__()
         self.mode, self.paths = _resolve_source(source)
-        self.transform = ImageTransform(image_size)
+        self.transform = ImageTransform(image_size, max_image_pixels)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.epoch = 0
@@ -177,11 +181,7 @@ class CorpusDataset(IterableDataset):
         """The sample of one unit of :meth:`units`, or ``None`` when it is bad (skipped and counted in ``issues``)."""
         try:
             if isinstance(unit, str):
-                try:
-                    obj = json.loads(unit)
-                except json.JSONDecodeError as err:
-                    raise RecordError(IssueKind.MALFORMED_LINE, f"invalid JSON: {err}") from None
-                rec = parse_record(obj)
+                rec = parse_record(parse_line(unit))  # not UTF-8, not JSON: malformed_line, with the reason
                 root = self.paths[0].parent
                 img_src: tuple[Any, Any] = (root / rec.image1, root / rec.image2)
                 codes_src: Any = root / rec.codes if rec.codes is not None else None
