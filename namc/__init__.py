@@ -58,9 +58,8 @@ def from_pretrained(directory: str | Path, map_location: Any = "cpu", **kwargs: 
         **kwargs: passed on to :meth:`NAMC.from_pretrained`.
     """
     from namc.models import NAMC
-    from namc.models.hub import resolve_model_path
 
-    return NAMC.from_pretrained(resolve_model_path(directory), map_location, **kwargs)
+    return NAMC.from_pretrained(directory, map_location, **kwargs)
 
 
 def __getattr__(name: str) -> Any:
