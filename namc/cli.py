@@ -8,6 +8,9 @@
     namc eval predictions.json references.json     # caption metrics (pycocoevalcap: the [train] extra)
     namc fit | validate | test | predict --config ...   # LightningCLI (the [train] extra)
     namc demo [--fast]                             # shapes world end to end (the [train] extra)
+    namc curate embed|pairs|caption|describe|...   # corpus curation (the [curate] extra)
+    namc experiment run STUDY.yaml                 # ablation studies over seeds (the [train] extra)
+    namc analyze reconstruction|relevance ...      # Table 9, Figures 6-8 (the [train] extra)
 
 ``namc describe`` and ``namc benchmark`` work with the core install alone (no Lightning, jsonargparse,
 pycocoevalcap, TensorBoard or matplotlib is imported); the training commands say which extra to install when it is
@@ -40,6 +43,13 @@ Other commands:
   eval       caption metrics of a predictions file (namc eval --help)
   benchmark  throughput: generated tokens/s, parameters, memory (namc benchmark --help)
 
+Building a pre-training corpus (namc curate --help; needs namc[curate], and namc[train] for embed):
+  curate     embed images, mine similar pairs, caption and describe pairs with an LLM server, filter, audit
+
+Studies and analyses (needs namc[train]):
+  experiment run a study (variants x seeds) of fit/test runs and aggregate it (namc experiment --help)
+  analyze    reconstruction quality (Table 9), relevance and co-attention pictures (namc analyze --help)
+
   --version  print the version
 """
 
@@ -50,10 +60,16 @@ _COMMANDS: dict[str, tuple[str, str | None]] = {
     "data": ("namc.data.cli", None),
     "eval": ("namc.eval.captions", "train"),
     "demo": ("namc.lit.demo", "train"),
+    "curate": ("namc.curate.cli", "curate"),
+    "experiment": ("namc.experiment.cli", "train"),
+    "analyze": ("namc.eval.analysis.cli", "train"),
     **{name: ("namc.lit.cli", "train") for name in ("fit", "validate", "test", "predict")},
 }
 # what each extra brings: a command whose extra is missing names the first of these that does not import
-_EXTRA_MODULES = {"train": ("lightning", "jsonargparse", "pycocoevalcap")}
+_EXTRA_MODULES = {
+    "train": ("lightning", "jsonargparse", "pycocoevalcap"),
+    "curate": ("faiss", "sklearn", "webdataset", "pyarrow", "openai"),
+}
 
 
 def _missing_extra(extra: str | None) -> str | None:

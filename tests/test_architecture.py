@@ -17,10 +17,30 @@ PACKAGE = ROOT / "namc"
 GOLDEN = ROOT / "tests" / "data" / "golden"
 
 # ops <- text <- models <- objectives / data <- eval <- lit / cli (a module may import its own layer or below)
-RANKS = {"ops": 0, "_version": 0, "text": 1, "models": 2, "objectives": 3, "data": 3, "eval": 4, "lit": 5}
+# curate sits between eval and lit (lit's embedding and precompute loops read its sources); experiment drives whole
+# `namc fit` / `namc test` runs and sits above lit
+RANKS = {
+    "ops": 0,
+    "_version": 0,
+    "text": 1,
+    "models": 2,
+    "objectives": 3,
+    "data": 3,
+    "eval": 4,
+    "curate": 4.5,
+    "lit": 5,
+    "experiment": 5.5,
+}
 TOP = 6  # namc/__init__.py, __main__.py, cli.py, inference.py
 TRAINING_STACK = ("lightning", "pytorch_lightning", "jsonargparse")
-OPTIONAL = ("pycocoevalcap", "tensorboard", "matplotlib")  # extras: imported inside the functions that need them
+OPTIONAL = (
+    "pycocoevalcap",
+    "tensorboard",
+    "matplotlib",
+    "skimage",
+)  # extras: imported inside the functions that need them
+# the [curate] extra: imported at module level only inside namc.curate, elsewhere inside the functions that need them
+CURATE = ("faiss", "sklearn", "webdataset", "pyarrow", "openai")
 
 
 def _module_name(path: Path) -> str:
@@ -85,6 +105,10 @@ def test_the_training_stack_is_imported_only_in_namc_lit() -> None:
                 offending.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
             if root in OPTIONAL and at_top and not inside_lit:
                 offending.append(f"{path.relative_to(ROOT)}:{line} imports {target} at module level")
+            if root in CURATE and at_top and not _module_name(path).startswith("namc.curate"):
+                offending.append(
+                    f"{path.relative_to(ROOT)}:{line} imports {target} at module level outside namc.curate"
+                )
     assert not offending, "\n".join(offending)
 
 
