@@ -1,0 +1,115 @@
+"""The curation pipeline's one YAML file: every ``namc curate`` step reads its own section of it.
+
+``configs/curate/pipeline.yaml`` names the sources, the model weights, the thresholds and the output folders once::
+
+    workdir: work/corpus                 # every step's outputs go under it unless a step names its own
+    sources:
+      - {name: ip2p, kind: ip2p_folder, root: /data/ip2p/clip-filtered-dataset}
+      - {name: cc3m, kind: webdataset, root: "/data/cc3m/{00000..00331}.tar", captions: /data/recap.jsonl}
+    embed: {clip_weights: ..., dino_weights: ..., batch_size: 64}
+    pairs: {k: 10, tau_max: 0.95, tau_min: 0.78}
+    describe: {base_url: http://127.0.0.1:8000/v1, model: Qwen/Qwen2-VL-7B-Instruct, concurrency: 64}
+
+A step's command-line flags override its section; ``--print_config`` prints the section the step will run with (as
+YAML, flags applied) and exits. Top-level keys (``workdir``, ``sources``) are visible to every step that declares
+them as options. A key the step does not know is an error naming the file, the section and the key, so a typo in the
+YAML never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["ConfigError", "add_config_arguments", "load_section", "parse_with_config"]
+
+SHARED_KEYS = ("workdir", "sources")
+
+
+class ConfigError(ValueError):
+    """A pipeline YAML that cannot be used (the message names the file)."""
+
+
+def load_section(path: str | Path, section: str) -> dict[str, Any]:
+    """The ``section`` mapping of a pipeline YAML, with the shared top-level keys added (section keys win)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: not a readable YAML file: {str(err).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    body = data.get(section) or {}
+    if not isinstance(body, dict):
+        raise ConfigError(f"{path}: section {section!r} must be a mapping, got {type(body).__name__}")
+    shared = {key: data[key] for key in SHARED_KEYS if key in data}
+    return {**shared, **body}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--config FILE`` and ``--print_config`` to a step's parser."""
+    parser.add_argument("--config", type=Path, default=None, help="pipeline YAML; this step reads its own section")
+    parser.add_argument(
+        "--print_config", action="store_true", help="print this step's settings (YAML, flags applied) and exit"
+    )
+
+
+def _dests(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.dest not in ("help", "config", "print_config")}
+
+
+def parse_with_config(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, section: str
+) -> argparse.Namespace | None:
+    """Parses ``argv`` with defaults taken from ``section`` of ``--config``: defaults < YAML < flags.
+
+    Returns None after printing the settings when ``--print_config`` was given (the caller exits 0). Raises
+    :class:`ConfigError` on an unknown key; a YAML value goes through the option's ``type`` like a flag would, so a
+    path in the YAML becomes a ``Path`` exactly as on the command line.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path, default=None)
+    first, _ = pre.parse_known_args(argv)
+    actions = _dests(parser)
+    if first.config is not None:
+        values = load_section(first.config, section)
+        defaults = {}
+        for key, value in values.items():
+            dest = key.replace("-", "_")
+            if dest not in actions:
+                if key in SHARED_KEYS:
+                    continue  # a shared key this step does not use
+                known = ", ".join(sorted(actions))
+                raise ConfigError(f"{first.config}: section {section!r} has unknown key {key!r} (known: {known})")
+            action = actions[dest]
+            if action.type is not None and value is not None:
+                value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
+            defaults[dest] = value
+        parser.set_defaults(**defaults)
+        # options the YAML supplies are no longer required on the command line
+        for dest in defaults:
+            actions[dest].required = False
+    args = parser.parse_args(argv)
+    if args.print_config:
+        settings = {
+            dest: (str(v) if isinstance(v, Path) else v)
+            for dest, v in vars(args).items()
+            if dest not in ("config", "print_config")
+        }
+        settings = {
+            k: ([str(x) if isinstance(x, Path) else x for x in v] if isinstance(v, list) else v)
+            for k, v in settings.items()
+        }
+        print(yaml.safe_dump({section: settings}, sort_keys=False), end="")
+        return None
+    return args
