@@ -28,7 +28,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 1
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 2
     assert tp.validate_report(report) == []
 
 
@@ -83,9 +83,22 @@ def test_report_contents(report):
         assert (e["flops"] is not None) == (mode == "decode")
     eff = entries[(3, "decode")]["flops"]
     assert eff["efficiency"] == pytest.approx(eff["achieved_per_s"] / report["matmul"]["flops_per_s"])
-    refs = {(r["batch_size"], r["mode"]) for r in report["reference"]}
-    assert refs == {(b, m) for b in (1, 3) for m in ("decode", "pixels")}
-    assert all(r["tokens_match"] and r["speedup"] > 0 for r in report["reference"])
+    refs = {(r["batch_size"], r["mode"]): r for r in report["reference"]}
+    assert set(refs) == {(b, m) for b in (1, 3) for m in ("decode", "clip4idc_decode", "clip4idc_e2e")}
+    assert all(r["speedup"] > 0 for r in report["reference"])
+    for (b, mode), r in refs.items():
+        if mode == "decode":
+            assert r["tokens_match"] and r["namc_time_s"] is None
+        else:  # the peer: same length, interleaved with namc's call of the compared level
+            assert r["tokens_match"] is None and r["tokens_per_call"] == b * 5
+            assert r["time_s"]["n"] == r["namc_time_s"]["n"] == report["settings"]["reference_repeats"]
+            assert r["speedup"] == pytest.approx(r["time_s"]["median"] / r["namc_time_s"]["median"])
+    peer = report["peer"]
+    assert peer["paper_parameters"] == 173_700_000
+    assert abs(peer["parameters"]["total"] - 173_700_000) < 50_000  # the paper's count, to its 0.1M rounding
+    assert 0 < peer["parameters"]["inference"] < peer["parameters"]["total"]
+    style = report["model"]["parameters_paper_style"]
+    assert style["inference_without_vocab_embedding"] == params["inference"] - style["vocab_embedding"]
     t = report["training"]
     assert t["kind"] == "pretrain" and t["batch_size"] == 2 and not t["vqgan_in_step"]
     est = t["pretrain_estimate"]
@@ -126,7 +139,7 @@ def test_validate_report_finds_problems(report):
     del broken["machine"]["torch_version"]
     broken["inference"][0]["tokens_per_s"]["median"] = "fast"
     broken["inference"][1]["mode"] = "warp"
-    broken["schema_version"] = 2
+    broken["schema_version"] = 1
     errors = tp.validate_report(broken)
     assert any("missing 'torch_version'" in e for e in errors)
     assert any("inference[0].tokens_per_s.median" in e for e in errors)
@@ -191,6 +204,9 @@ def test_summarize():
         ({"modes": ("decode", "warp")}, "modes"),
         ({"length_mode": "forever"}, "length_mode"),
         ({"reference": "sometimes"}, "reference"),
+        ({"reference": "pixels"}, "reference"),
+        ({"precision": "fp8"}, "precision"),
+        ({"precision": "bf16", "device": "cuda"}, "CPU runs"),
         ({"threads": 0}, "threads"),
     ],
 )
@@ -214,3 +230,37 @@ def test_omp_wait_policy_reruns_in_a_child_process(tmp_path, monkeypatch):
     report = json.loads(out.read_text())
     assert report["machine"]["env"]["OMP_WAIT_POLICY"] == "PASSIVE"
     assert tp.validate_report(report) == []
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_low_precision_run(tmp_path, precision):
+    """A bf16 / int8 run: namc's precision copy decodes, the matmul reference is measured in that precision."""
+    out = tmp_path / "low.json"
+    argv = ["--model", "namc_tiny", "--batch-sizes", "2", "--modes", "decode", "e2e", "--reference", "decode"]
+    argv += ["--precision", precision, "--output", str(out), *QUICK]
+    assert tp.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert tp.validate_report(report) == []
+    assert report["settings"]["precision"] == precision
+    assert report["matmul"]["dtype"] == {"bf16": "bfloat16", "int8": "int8"}[precision]
+    assert all(e["tokens_per_call"] == 10 for e in report["inference"])
+
+
+def test_clip4idc_peer_decodes_from_its_memory():
+    """The peer: 100 visual tokens of width 512 from a pair, the prefix re-run at every step, one id per step."""
+    torch.manual_seed(0)
+    peer = tp.CLIP4IDCPeer().eval()
+    images = torch.rand(2, 1, 3, 224, 224)
+    with torch.inference_mode():
+        memory = peer.encode(images[0], images[1])
+        assert memory.shape == (1, 100, 512)
+        logits = peer.logits(torch.full((1, 3), 49406), memory)
+    assert logits.shape == (1, 3, 49408)  # every position projected
+    peer.eos_id = -1
+    ids = peer.decode(memory, 4)
+    assert ids.shape == (1, 4)
+    with torch.inference_mode():  # greedy: each id is the argmax after the prefix before it
+        prefix = torch.cat([torch.full((1, 1), 49406), ids[:, :3]], dim=1)
+        assert torch.equal(peer.logits(prefix, memory).argmax(-1), ids)
+    int8 = tp.peer_at(peer, "int8")
+    assert isinstance(int8.head, torch.ao.nn.quantized.dynamic.Linear) and int8 is not peer

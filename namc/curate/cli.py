@@ -2,6 +2,7 @@
 
 From image collections to a packed corpus::
 
+    namc curate index --config configs/curate/pipeline.yaml        # sources -> images.jsonl, source_pairs.jsonl
     namc curate embed --config configs/curate/pipeline.yaml        # CLIP ViT-L/14 + DINOv2 features (Lightning)
     namc curate pairs --config configs/curate/pipeline.yaml        # appendix D.1: kNN, candidates, clustering
     namc curate caption ...                                        # one paragraph per image from an LLM server
@@ -20,6 +21,7 @@ __all__ = ["main"]
 
 # command -> (module whose main(argv) runs it, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "index": ("namc.curate.index", "list the sources' images (to mine) and pairs (ready); bad images skipped, counted"),
     "embed": ("namc.lit.embed", "CLIP ViT-L/14 and DINOv2 ViT-L/14 image features as float16 .npy shards (Lightning)"),
     "pairs": ("namc.curate.mining", "mine similar pairs from the features (appendix D.1): kNN, candidates, clusters"),
     "caption": ("namc.curate.caption", "one fine-grained caption per image from an OpenAI-compatible server"),

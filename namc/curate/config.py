@@ -67,6 +67,26 @@ def _dests(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {a.dest: a for a in parser._actions if a.dest not in ("help", "config", "print_config")}
 
 
+def _spellings(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--max-side`` and ``--max_side`` name the same option: rewrite each flag to the spelling the parser has.
+
+    The steps follow LightningCLI (``--print_config``, ``--trainer.devices``) and ``namc data`` (``--shard-size``);
+    accepting both spellings everywhere means a user never has to remember which step uses which.
+    """
+    known = {opt.replace("_", "-"): opt for action in parser._actions for opt in action.option_strings}
+    out = []
+    for token in argv:
+        if token == "--":
+            out.extend(argv[len(out) :])
+            break
+        if token.startswith("--"):
+            flag, eq, value = token.partition("=")
+            flag = known.get(flag.replace("_", "-"), flag)
+            token = flag + eq + value
+        out.append(token)
+    return out
+
+
 def parse_with_config(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, section: str
 ) -> argparse.Namespace | None:
@@ -76,7 +96,7 @@ def parse_with_config(
     :class:`ConfigError` on an unknown key; a YAML value goes through the option's ``type`` like a flag would, so a
     path in the YAML becomes a ``Path`` exactly as on the command line.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _spellings(parser, list(sys.argv[1:] if argv is None else argv))
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path, default=None)
     first, _ = pre.parse_known_args(argv)

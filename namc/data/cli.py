@@ -1,16 +1,22 @@
-"""``namc data ...`` subcommands: ``shapes`` (generate the shapes world) and ``pack`` (manifest -> tar shards).
+"""``namc data ...`` subcommands: ``shapes`` (generate the shapes world), ``minimal-pairs`` (a choice set for
+``namc eval choice``) and ``pack`` (manifest -> tar shards).
 
 ``main(argv)`` takes the arguments after ``namc data`` and returns an exit status; the ``namc`` console script
 forwards to it. Both show progress bars on stderr over the pairs written (``--quiet``: none). Examples::
 
     namc data shapes --out data/shapes --pairs 1000 --image-size 64 --noise-rate 0.2
+    namc data minimal-pairs --out data/minimal_pairs --items 400
     namc data pack data/shapes/corpus/manifest.jsonl data/shapes/corpus/shards --shard-size 1000
+    namc data precompute --shards data/shapes/corpus/shards --model namc_tiny --vqgan-weights vqgan.safetensors
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shard-size", type=int, default=1000)
     s.add_argument("--quiet", action="store_true", help="no progress bars (the summary is still printed)")
 
+    m = sub.add_parser("minimal-pairs", help="write a minimal-pair choice set from the shapes world (namc eval choice)")
+    m.add_argument("--out", type=Path, required=True, help="output folder (gets choices.jsonl and images/)")
+    m.add_argument("--items", type=int, default=400, help="image pairs (the 8 categories in turn)")
+    m.add_argument("--image-size", type=int, default=64)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--min-objects", type=int, default=2)
+    m.add_argument("--max-objects", type=int, default=6)
+    m.add_argument("--quiet", action="store_true", help="no progress bar")
+
     p = sub.add_parser("pack", help="pack a JSONL manifest into tar shards (resumable)")
     p.add_argument("manifest", type=Path)
     p.add_argument("out", type=Path)
@@ -54,11 +69,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="reject images with more pixels, read from the header before decoding (default %(default)s, PIL's "
         "limit; 0: no cap)",
     )
+
+    sub.add_parser(
+        "precompute",
+        help="VQGAN codes (+ ResNet grids) of a packed corpus beside its shards, Lightning predict over devices "
+        "(needs the [train] extra; namc data precompute --help)",
+        add_help=False,
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs a ``namc data`` subcommand; prints its report; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["precompute"]:  # Lightning's: its own parser, loaded only here (the core install lacks it)
+        if importlib.util.find_spec("lightning") is None:
+            print('namc data precompute: needs the [train] extra: pip install "namc[train]"', file=sys.stderr)
+            return 2
+        return int(importlib.import_module("namc.lit.precompute").main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     if args.command == "shapes":
         from namc.data.corpus import pack_corpus
@@ -105,6 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     progress=not args.quiet,
                 )
                 print(report.summary())
+        return 0
+    if args.command == "minimal-pairs":
+        from namc.data.synthetic.minimal_pairs import generate_minimal_pairs
+
+        summary = generate_minimal_pairs(args.out, args.items, args.image_size, args.seed, args.min_objects,
+                                         args.max_objects, progress=not args.quiet)  # fmt: skip
+        print(f"minimal pairs: {json.dumps(summary)}")
         return 0
     if args.command == "pack":
         from namc.data.corpus import pack_corpus

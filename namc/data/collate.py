@@ -81,7 +81,8 @@ class PretrainCollator:
     ``noise1``/``noise2`` (word-level labels), ``codes1``/``codes2`` (N,) VQGAN codes and ``id``.
     The batch has ``image1``, ``image2``, ``desc1``, ``desc2`` (B, L), ``caption``, ``caption_src1``,
     ``caption_src2`` (B, T), ``noise1``, ``noise2`` (B, L) bool token labels (all False where unknown),
-    ``has_noise`` (B,) bool, ``codes1``/``codes2`` (B, N) when every item has codes, and ``ids``.
+    ``has_noise`` (B,) bool, ``codes1``/``codes2`` (B, N) when every item has codes, ``grid1``/``grid2`` (B, N, C)
+    when every item has precomputed grids (``namc data precompute``), and ``ids``.
     """
 
     def __init__(
@@ -161,6 +162,12 @@ class PretrainCollator:
             pairs = [(b, a) if s else (a, b) for a, b, s in zip(c1, c2, swaps.tolist())]
             batch["codes1"] = torch.stack([torch.as_tensor(a, dtype=torch.long) for a, _ in pairs])
             batch["codes2"] = torch.stack([torch.as_tensor(b, dtype=torch.long) for _, b in pairs])
+        g1 = [it.get("grid1") for it in items]
+        g2 = [it.get("grid2") for it in items]
+        if all(g is not None for g in g1 + g2):
+            pairs = [(b, a) if s else (a, b) for a, b, s in zip(g1, g2, swaps.tolist())]
+            batch["grid1"] = torch.stack([torch.as_tensor(a, dtype=torch.float32) for a, _ in pairs])  # (B, N, C)
+            batch["grid2"] = torch.stack([torch.as_tensor(b, dtype=torch.float32) for _, b in pairs])
         return batch
 
 

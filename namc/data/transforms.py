@@ -39,12 +39,15 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image, UnidentifiedImageError
 
-from namc.data.issues import IssueKind, RecordError
+from namc.data.errors import IssueKind, RecordError
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: image checks (curation, packing) run without it
+    import torch
 
 __all__ = ["MAX_IMAGE_PIXELS", "ImageTooLargeError", "ImageTransform", "open_image", "to_rgb"]
 
@@ -221,6 +224,8 @@ class ImageTransform:
         # numpy, not torch ops: torch's intra-op threads cost ~5x on such small tensors when cores are busy
         arr = pixels.astype(np.float32, order="C")
         np.divide(arr, 255.0, out=arr)
+        import torch
+
         return torch.from_numpy(arr)
 
     def load(self, source: str | Path | bytes) -> torch.Tensor:

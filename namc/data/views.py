@@ -70,7 +70,7 @@ def swap_pair(item: dict[str, Any]) -> dict[str, Any]:
     """The pair with its two images (and everything attached to each) exchanged."""
     out = dict(item)
     for a, b in (("image1", "image2"), ("verb1", "verb2"), ("desc1", "desc2"), ("noise1", "noise2"),
-                 ("codes1", "codes2")):  # fmt: skip
+                 ("codes1", "codes2"), ("grid1", "grid2")):  # fmt: skip
         out[a], out[b] = item.get(b), item.get(a)
     return out
 

@@ -7,6 +7,15 @@ Only this package imports Lightning; everything it trains is a plain :class:`nam
 from namc.lit.callbacks import AtomicCheckpointIO, CaptionWriter, ExportModel
 from namc.lit.finetune import FinetuneModule
 from namc.lit.modules import NAMCModule
+from namc.lit.preference import PreferenceModule
 from namc.lit.pretrain import PretrainModule
 
-__all__ = ["AtomicCheckpointIO", "CaptionWriter", "ExportModel", "FinetuneModule", "NAMCModule", "PretrainModule"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "CaptionWriter",
+    "ExportModel",
+    "FinetuneModule",
+    "NAMCModule",
+    "PreferenceModule",
+    "PretrainModule",
+]

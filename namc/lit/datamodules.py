@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from namc.data.collate import CaptionCollator, PretrainCollator, SkipNone
 from namc.data.corpus import CorpusDataset
+from namc.data.corruptions import CORRUPTIONS, CaptionNoiseView, CorruptedView
 from namc.data.idc import BENCHMARKS, BenchmarkDataset, build_benchmark, check_benchmark_root
 from namc.data.pairs import PairListDataset
 from namc.data.transforms import MAX_IMAGE_PIXELS
@@ -121,6 +122,12 @@ class BenchmarkDataModule(NAMCDataModule):
             demo's; needs ``num_workers=0``, since worker processes restart every epoch).
         max_image_pixels: images with more pixels are skipped as ``oversized_image`` before decoding (None: no
             cap; the policy is in :mod:`namc.data.transforms`).
+        corruption: corrupt both images of every train / val / test pair (Table 10): ``"gaussian_noise"`` or
+            ``"fog"`` (:mod:`namc.data.corruptions`, Hendrycks and Dietterich 2019); None: clean images.
+        corruption_severity: its severity, 1..5 (Table 10: 5).
+        caption_noise: fraction of the words of every training caption replaced by other vocabulary words (Table
+            10: 0.2 .. 0.8); validation and test references stay clean.
+        shift_seed: seed of the corruptions and word replacements (fixed per item: the same every epoch).
     """
 
     def __init__(
@@ -140,8 +147,16 @@ class BenchmarkDataModule(NAMCDataModule):
         shuffle_seed: int = 0,
         cache_images: bool = False,
         max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+        corruption: str | None = None,
+        corruption_severity: int = 5,
+        caption_noise: float = 0.0,
+        shift_seed: int = 0,
     ) -> None:
         super().__init__(tokenizer, min_freq)
+        if corruption is not None and corruption not in CORRUPTIONS:
+            raise ValueError(f"unknown corruption {corruption!r}; choose from {sorted(CORRUPTIONS)}")
+        if not 0.0 <= caption_noise <= 1.0:
+            raise ValueError(f"caption_noise must be in [0, 1], got {caption_noise}")
         if name not in BENCHMARKS:
             raise ValueError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARKS)}")
         if cache_images and num_workers > 0:
@@ -163,7 +178,19 @@ class BenchmarkDataModule(NAMCDataModule):
         self.shuffle_seed = shuffle_seed
         self.cache_images = cache_images
         self.max_image_pixels = max_image_pixels
+        self.corruption, self.corruption_severity = corruption, corruption_severity
+        self.caption_noise, self.shift_seed = caption_noise, shift_seed
         self._splits: dict[str, Dataset] = {}
+
+    def _shifted(self, split: str) -> Dataset:
+        """``split`` with Table 10's shifts: word replacement in training captions, corrupted images."""
+        ds: Dataset = self.split(split)
+        if split == "train" and self.caption_noise > 0:
+            vocabulary = [w for c in self.vocabulary_texts() for w in c.split()]
+            ds = CaptionNoiseView(ds, self.caption_noise, vocabulary, self.shift_seed)
+        if self.corruption is not None:
+            ds = CorruptedView(ds, self.corruption, self.corruption_severity, self.shift_seed)
+        return ds
 
     def split(self, split: str) -> BenchmarkDataset:
         """The benchmark dataset of ``split`` (built once)."""
@@ -207,15 +234,15 @@ class BenchmarkDataModule(NAMCDataModule):
                           persistent_workers=False)  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
-        self._train = ReferencePicker(self.split("train"), self.shuffle_seed)
+        self._train = ReferencePicker(self._shifted("train"), self.shuffle_seed)
         self._train.set_epoch(_trainer_epoch(self.trainer))
         return self._loader(self._train, train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.split("val"), train=False)
+        return self._loader(self._shifted("val"), train=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.split("test"), train=False)
+        return self._loader(self._shifted("test"), train=False)
 
     def predict_dataloader(self) -> DataLoader:
         if "predict" not in self._splits:
@@ -249,6 +276,13 @@ class CorpusDataModule(NAMCDataModule):
         shuffle_seed: seed of the shard permutation and the shuffle buffers.
         max_image_pixels: images with more pixels are skipped as ``oversized_image`` before decoding (None: no
             cap; the policy is in :mod:`namc.data.transforms`).
+        precomputed: use the VQGAN codes / ResNet grids that ``namc data precompute`` wrote beside the shards, when
+            present, so the frozen encoders do not run for those samples (:mod:`namc.data.corpus.targets`).
+        sources: train on the records of these sources only (e.g. ``[ip2p, cc3m]``; the pre-training data ablation
+            of Figures 4 and 9); None: all. Validation is not filtered.
+        fraction: train on the records whose hash of ``(subset_seed, id)`` falls below it: a deterministic subset
+            of about that fraction; smaller ones nest inside larger ones. With ``sources`` or ``fraction < 1`` a
+            text-only pass counts the kept records at start. ``subset_seed``: seed of that hash.
     """
 
     def __init__(
@@ -267,9 +301,18 @@ class CorpusDataModule(NAMCDataModule):
         shuffle_buffer: int = 1000,
         shuffle_seed: int = 0,
         max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+        precomputed: bool = True,
+        sources: list[str] | None = None,
+        fraction: float = 1.0,
+        subset_seed: int = 0,
     ) -> None:
         super().__init__(tokenizer, min_freq)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         self.save_hyperparameters()
+        self.precomputed = precomputed
+        self.subset = {"sources": list(sources) if sources is not None else None, "fraction": fraction,
+                       "subset_seed": subset_seed}  # fmt: skip
         self.train_path = train
         self.val_path = val
         self.batch_size = batch_size
@@ -319,14 +362,20 @@ class CorpusDataModule(NAMCDataModule):
         rank, world = _rank_world(self.trainer)
         base = CorpusDataset(
             self.train_path, self.image_size, shuffle_buffer=self.shuffle_buffer, seed=self.shuffle_seed, rank=rank,
-            world_size=world, max_image_pixels=self.max_image_pixels,
+            world_size=world, max_image_pixels=self.max_image_pixels, precomputed=self.precomputed, **self.subset,
         )  # fmt: skip
         readers = world * max(self.num_workers, 1)
-        per_reader = (base.count() // readers) // self.batch_size * self.batch_size
+        if self.subset["sources"] is None and self.subset["fraction"] >= 1.0:
+            total = base.count()
+        else:  # one text-only pass: how many records the subset keeps
+            total = sum(1 for _ in CorpusDataset(self.train_path, None, rank=0, world_size=1, load_images=False,
+                                                 precomputed=False, **self.subset))  # fmt: skip
+            logger.info("training subset %s: %d pairs", self.subset, total)
+        per_reader = (total // readers) // self.batch_size * self.batch_size
         if per_reader == 0:
             raise ValueError(
-                f"corpus {self.train_path} has {base.count()} pairs: too few for {readers} readers (ranks x workers) "
-                f"with batch_size {self.batch_size}"
+                f"corpus {self.train_path} has {total} pairs (after sources/fraction): too few for {readers} readers "
+                f"(ranks x workers) with batch_size {self.batch_size}"
             )
         self._train = EvenStream(base, per_reader, self.num_workers, self.swap_prob)
         self._train.set_epoch(_trainer_epoch(self.trainer))
@@ -338,8 +387,9 @@ class CorpusDataModule(NAMCDataModule):
             return []
         rank, world = _rank_world(self.trainer)
         self._val = CorpusDataset(
-            self.val_path, self.image_size, rank=rank, world_size=world, max_image_pixels=self.max_image_pixels
-        )
+            self.val_path, self.image_size, rank=rank, world_size=world, max_image_pixels=self.max_image_pixels,
+            precomputed=self.precomputed,
+        )  # fmt: skip
         return DataLoader(self._val, batch_size=self.batch_size, num_workers=self.num_workers,
                           collate_fn=self._collate())  # fmt: skip
 

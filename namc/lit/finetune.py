@@ -37,7 +37,8 @@ class FinetuneModule(NAMCModule):
         min_lr: final lr of the cosine decay (1e-4; the paper gives none for fine-tuning).
         warmup_steps: linear warm-up steps.
         weight_decay: Adam's L2 penalty.
-        max_new_tokens: longest generated caption (23, appendix F).
+        max_new_tokens: longest generated caption (23, appendix F; OmniDiff's long captions need more). Written into
+            the model's config, so the exported model generates as long by default; at most ``max_caption_len - 1``.
         num_beams: 1 = greedy (the paper).
         cache_grids: memoise the frozen ResNet grid of every image in memory (the paper pre-extracts them); for
             small datasets only.
@@ -87,6 +88,13 @@ class FinetuneModule(NAMCModule):
         if grid_trainable is not None and grid_trainable != net.config.grid_trainable:
             net.grid.set_frozen(not grid_trainable)
             net.config = dataclasses.replace(net.config, grid_trainable=grid_trainable)
+        if not 0 < max_new_tokens < net.config.max_caption_len:
+            raise ValueError(
+                f"max_new_tokens must be in [1, {net.config.max_caption_len - 1}] (FDG has max_caption_len = "
+                f"{net.config.max_caption_len} positions, [BOS] included), got {max_new_tokens}"
+            )
+        if max_new_tokens != net.config.max_new_tokens:  # the exported model then generates as long (OmniDiff)
+            net.config = dataclasses.replace(net.config, max_new_tokens=max_new_tokens)
         # e_M replaces masked grid features, and fine-tuning masks nothing: freeze it, or DDP stops at the first step
         # on a parameter without gradient (plain `ddp` needs every trainable parameter used)
         net.mir.e_m.requires_grad_(False)

@@ -26,9 +26,12 @@ class PretrainModule(NAMCModule):
         model: a registered preset (``namc_tiny``, ``namc_base``).
         tokenizer: the caption tokenizer; LightningCLI links it from the datamodule (built from the corpus for word
             presets). None: the preset's default.
-        use_nim: the NIM alignment loss and noise masking (Table 6 "- NIM": off, masks become random).
+        use_nim: the NIM alignment loss and noise masking (off: no L_NIM, and masks become random at p_I / p_T
+            unless ``masking="none"``).
         use_mir: the MIR reconstruction loss (Table 6 "- MIR": off).
-        masking: ``"noise"`` (NM) or ``"random"`` (Fig. 3 baseline).
+        masking: ``"noise"`` (NM), ``"random"`` (Fig. 3 baseline: every position at p_I / p_T) or ``"none"`` (no
+            masking at all: the paper's "without NIM" of Table 6 / Table 10, with ``use_nim=False``; the model is
+            built as random masking at p_I = p_T = 0, so nothing is ever masked).
         p_img: image masking ratio p_I (0.2, section 4.2.1).
         p_txt: text masking ratio p_T (0.15).
         nim_loss: ``"sdm"`` or ``"infonce"`` (Table 7).
@@ -85,6 +88,8 @@ class PretrainModule(NAMCModule):
     ) -> None:
         super().__init__(seed)
         self.save_hyperparameters(ignore=["tokenizer"])
+        if masking == "none":  # Bernoulli(0) never masks; the model layer knows only "noise" and "random"
+            masking, p_img, p_txt = "random", 0.0, 0.0
         switches = dict(
             use_nim=use_nim, use_mir=use_mir, masking=masking, p_img=p_img, p_txt=p_txt, nim_loss=nim_loss,
             nim_token_loss=nim_token_loss, nim_token_ngram=nim_token_ngram, rec_loss=rec_loss,
@@ -118,8 +123,11 @@ class PretrainModule(NAMCModule):
 
     def _with_cache(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Add memoised VQGAN codes and grids (the missing ones computed once) when ``cache_codes`` /
-        ``cache_grids`` are on."""
+        ``cache_grids`` are on. Codes and grids the batch already carries (``namc data precompute``) are used as
+        they are, except grids when the grid encoder trains (its output then changes)."""
         h, c = self.hparams, self.model.config
+        if c.grid_trainable and batch.get("grid1") is not None:
+            batch = {k: v for k, v in batch.items() if k not in ("grid1", "grid2")}
         extra: dict[str, torch.Tensor] = {}
         for slot in ("1", "2"):
             if h.cache_codes and c.use_mir and c.rec_loss == "discrete" and batch.get("codes" + slot) is None:

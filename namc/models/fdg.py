@@ -141,17 +141,15 @@ class FDG(nn.Module):
         mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
         for block, cache, (k_mem, v_mem), w in zip(self.blocks, caches, cross_kv, fused):
             H, E = block.self_attn.heads, block.self_attn.head_dim
-            qkv = _dense(block.ln_self(x), w.qkv_weight, w.qkv_bias).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
+            qkv = _dense(block.ln_self(x), *w.qkv).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
             k, v = cache.append(qkv[:, 1], qkv[:, 2])  # 2 x (b, H, t, E)
             y = F.scaled_dot_product_attention(qkv[:, 0], k, v)  # (b, H, 1, E)
-            x = x + _dense(y.view(b, D), block.self_attn.out.weight, block.self_attn.out.bias)  # (b, D)
-            q = _dense(block.ln_cross(x), block.cross_attn.q.weight, block.cross_attn.q.bias).view(b, H, 1, E)
+            x = x + _dense(y.view(b, D), *w.self_out)  # (b, D)
+            q = _dense(block.ln_cross(x), *w.cross_q).view(b, H, 1, E)
             y = F.scaled_dot_product_attention(q, k_mem, v_mem, attn_mask=mask)  # (b, H, 1, E)
-            x = x + _dense(y.view(b, D), block.cross_attn.out.weight, block.cross_attn.out.bias)  # (b, D)
-            ffn_in, act, _, ffn_out = block.ffn
-            x = x + _dense(act(_dense(block.ln_ffn(x), ffn_in.weight, ffn_in.bias)), ffn_out.weight, ffn_out.bias)
-        x = self.ln_f(x)
-        return _dense(x, self.tok.weight) if self.lm_head is None else _dense(x, self.lm_head.weight)  # (b, V)
+            x = x + _dense(y.view(b, D), *w.cross_out)  # (b, D)
+            x = x + _dense(block.ffn[1](_dense(block.ln_ffn(x), *w.ffn_in)), *w.ffn_out)
+        return _dense(self.ln_f(x), *fused[-1].vocab)  # (b, V)
 
     def _start(
         self, memory: torch.Tensor, max_new_tokens: int
@@ -165,8 +163,27 @@ class FDG(nn.Module):
             for _ in self.blocks
         ]
         cross_kv = [tuple(t.contiguous() for t in block.context_kv(memory)) for block in self.blocks]
-        fused = None if self.training else [_StepWeights.of(block) for block in self.blocks]
+        fused = None
+        if not self.training:
+            vocab = (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
+            fused = getattr(self, "_packed_step", None) or [_StepWeights.of(block, vocab) for block in self.blocks]
         return caches, cross_kv, fused
+
+    def pack_int8(self) -> None:
+        """Dynamic int8 weights (per-channel scales, activations quantised per call) for every matrix of the eval
+        step, the vocabulary projection included; for an inference copy (:mod:`namc.models.precision`) whose weights
+        no longer change. The prefill (cross-attention keys/values of the memory) stays in the weights' dtype.
+        """
+        vocab = (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
+        packed = [_StepWeights.of(block, vocab) for block in self.blocks]
+        cache: dict[int, tuple[nn.Module]] = {}  # the vocabulary matrix is shared by the layers: pack it once
+        for w in packed:
+            for name in _StepWeights.NAMES:
+                weight, bias = getattr(w, name)
+                if id(weight) not in cache:
+                    cache[id(weight)] = (_int8_linear(weight, bias),)
+                setattr(w, name, cache[id(weight)])
+        self._packed_step = packed
 
     def compile_step(self, **options) -> None:
         """Compile the eval-mode decoding step with ``torch.compile(**options)`` (``dynamic=True`` by default).
@@ -175,6 +192,10 @@ class FDG(nn.Module):
         """
         options.setdefault("dynamic", True)
         self._compiled_step = torch.compile(self._fused_step, **options)
+
+    def uncompile_step(self) -> None:
+        """Undo :meth:`compile_step`: the eval step runs eagerly again."""
+        self.__dict__.pop("_compiled_step", None)
 
     def _step_fn(self) -> Callable[..., torch.Tensor]:
         return getattr(self, "_compiled_step", None) or self._fused_step
@@ -284,19 +305,39 @@ class FDG(nn.Module):
 
 @dataclass
 class _StepWeights:
-    """Self-attention query/key/value weights of one block stacked for a single (3D x D) projection.
+    """The matrices of one block's eval step, each ``(weight, bias)`` or ``(packed int8 layer,)`` (:func:`_dense`).
 
-    Rows are ``[q; k; v]``, matching :meth:`~namc.models.layers.Attention.split_kv`'s key-then-value layout. Built
-    once per generation from the live parameters, so it never goes stale after training.
+    The self-attention query/key/value weights are stacked for one (3D x D) projection, rows ``[q; k; v]``
+    (:meth:`~namc.models.layers.Attention.split_kv`'s key-then-value layout). Built once per generation from the
+    live parameters, so it never goes stale after training; :meth:`FDG.pack_int8` keeps an int8 copy instead.
     """
 
-    qkv_weight: torch.Tensor  # (3D, D)
-    qkv_bias: torch.Tensor  # (3D,)
+    NAMES = ("qkv", "self_out", "cross_q", "cross_out", "ffn_in", "ffn_out", "vocab")
+    qkv: tuple  # (3D, D), (3D,)
+    self_out: tuple
+    cross_q: tuple
+    cross_out: tuple
+    ffn_in: tuple
+    ffn_out: tuple
+    vocab: tuple  # (V, D), None: the tied embedding or lm_head
 
     @classmethod
-    def of(cls, block: nn.Module) -> _StepWeights:
-        attn = block.self_attn
-        return cls(torch.cat([attn.q.weight, attn.kv.weight]), torch.cat([attn.q.bias, attn.kv.bias]))
+    def of(cls, block: nn.Module, vocab: tuple) -> _StepWeights:
+        s, c, (f_in, _, _, f_out) = block.self_attn, block.cross_attn, block.ffn
+        qkv = (torch.cat([s.q.weight, s.kv.weight]), torch.cat([s.q.bias, s.kv.bias]))
+        pairs = [(m.weight, m.bias) for m in (s.out, c.q, c.out, f_in, f_out)]
+        return cls(qkv, *pairs, vocab)
+
+
+def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """A dynamic int8 linear layer (PyTorch's x86 fbgemm/oneDNN kernel, per-output-channel weight scales)."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    layer.weight.data = weight.detach().float().clone()
+    if bias is not None:
+        layer.bias.data = bias.detach().float().clone()
+    return quantize_dynamic(nn.Sequential(layer), {nn.Linear: per_channel_dynamic_qconfig})[0]
 
 
 def onednn_linear_available() -> bool:
@@ -320,8 +361,8 @@ def onednn_linear_available() -> bool:
 _ONEDNN_OK: bool | None = None
 
 
-def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` of (b, D_in) inputs during generation.
+def _dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` of (b, D_in) inputs during generation (``weight`` a packed int8 layer: that layer's call).
 
     On a CPU in float32, with at least 8 rows and a matrix of at least 2^20 entries (namc_base's vocabulary
     projection, fused q/k/v and FFN weights), it runs oneDNN's kernel, which beats the default BLAS on these skinny
@@ -330,12 +371,15 @@ def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     memory-bound matrix-vector product where oneDNN gains nothing, and small matrices favour ``F.linear``'s
     low-overhead path (6 vs 18 us for 128 x 384 at b = 1). Either result equals ``F.linear`` up to float rounding.
     """
+    if isinstance(weight, nn.Module):
+        return weight(x.float()).to(x.dtype)
     if (
         x.shape[0] >= _ONEDNN_MIN_ROWS
         and weight.numel() >= _ONEDNN_MIN_WEIGHT
         and x.device.type == "cpu"
-        and x.dtype == torch.float32
+        and x.dtype == weight.dtype == torch.float32
         and torch.backends.mkldnn.enabled
+        and not torch.compiler.is_compiling()  # the private op needs constant weights in a graph: let inductor pick
         and onednn_linear_available()
     ):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")

@@ -9,7 +9,11 @@ Register a block with ``@register_fusion("name")`` and pick it with ``NAMCConfig
 ``get_attn``): the block is one class and one registry line.
 
 ``concat`` is the paper's: ``E_MIR = FC([Y1; Y2])`` (section 3.2.2). It *is* an ``nn.Linear(2D, D)`` so its
-parameters keep the names every saved model has (``mir.fuse.weight``, ``mir.fuse.bias``).
+parameters keep the names every saved model has (``mir.fuse.weight``, ``mir.fuse.bias``); it stays the default.
+
+``mdp`` is M3Diff's Multi-scale Differential Perception block (OmniDiff paper, section 4.2): gating, a projected
+difference, attention over the difference and a gated sum over scales (the MIR layers), then the same FC
+(:class:`MDPFusion`; the preset ``namc_base_mdp`` uses it).
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["ConcatFusion", "create_fusion", "list_fusions", "register_fusion"]
+from namc.models.layers import Attention, Block
+
+__all__ = ["ConcatFusion", "MDPFusion", "create_fusion", "list_fusions", "register_fusion"]
 
 _FUSIONS: dict[str, type[nn.Module]] = {}
 
@@ -59,3 +65,121 @@ class ConcatFusion(nn.Linear):
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return super().forward(torch.cat([x1, x2], dim=-1))  # (B, N, 2D) -> (B, N, D)
+
+
+def _heads_for(dim: int) -> int:
+    """Attention heads of the MDP block: 64-wide heads where D allows it (12 at D = 768, like MIR), else one."""
+    return dim // 64 if dim >= 64 and dim % 64 == 0 else 1
+
+
+class _CrossAttention(nn.Module):
+    """Pre-LN residual cross-attention ``x + Attn(LN(x), LN(context))`` (Eq. 6's CA, without an FFN)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln_query = nn.LayerNorm(dim)
+        self.ln_context = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(self.ln_query(x), self.ln_context(context))  # (B, T, D)
+
+
+@register_fusion("mdp")
+class MDPFusion(nn.Module):
+    """M3Diff's Multi-scale Differential Perception (MDP) block (OmniDiff paper, section 4.2, Eqs. 1-8) as a fusion.
+
+    Per scale i (one MIR layer's two streams ``F_1^i``, ``F_2^i``, each (B, N, D)):
+
+    - gating (Eq. 1-2): ``lambda_1 = sigmoid(W_m [F_1 || F_2])``, ``lambda_2 = sigmoid(W_m [F_2 || F_1])`` (one
+      ``W_m`` in R^{D x 2D} for both orders, channel concatenation), ``F^_k = F_k * lambda_k``;
+    - difference (Eq. 3): ``dF = W_p [F^_1 || F^_2 || (F^_1 - F^_2)]``, ``W_p`` in R^{D x 3D};
+    - attention over the difference (Eq. 4-5): ``dF_sa = SA(dF)``, ``dF_ca = MLP(CA(dF_sa, [F_1 ; F_2 ; dF_sa]))``
+      where ``[. ; .]`` joins token sets (the keys/values are 3N tokens); Eq. 6: ``F~_k = CA(F_k, [F_k ; dF_ca])``
+      for k = 1, 2 with one shared CA;
+    - multi-scale integration (Eq. 7-8): ``Score^i = sigmoid(MLP(mean_tokens(F~_1^i || F~_2^i || dF^i)))`` in
+      (0, 1)^D per pair, ``F'_k = sum_i Score^i * F~_k^i`` (a sigmoid per scale, not a softmax over scales, as
+      written).
+
+    namc's reading, where namc differs from M3Diff's setting:
+
+    - **Scales.** M3Diff taps SigLIP layers 17, 20, 23 and 26 of its vision encoder; namc has no such stack in MIR's
+      path (the grid comes from one ResNet stage). The scales here are the outputs of every MIR co-attention layer
+      (``layers``, 2 for ``namc_base``): the shallower ones pass through this block's own LayerNorm (MIR's residual
+      stream before its final LayerNorm), the deepest one is MIR's output ``(x1, x2)`` itself (after its final
+      LayerNorm). The interaction layers are what MIR has at several depths: low layers hold more of each image's
+      own grid, the last one more of the cross-image interaction. (With a one-layer MIR there is one scale and
+      ``ln_scale`` gets no gradient: under DDP that needs ``find_unused_parameters``.)
+    - **Shared weights across scales.** The paper writes ``W_m``, ``W_p``, SA, CA and the MLPs without a layer
+      index, and its MDP "comprises two stacked transformer layers": one set of weights serves every scale (read
+      here as the two layers: Eq. 4-5 = a pre-LN transformer layer SA -> CA -> MLP, Eq. 6 = a pre-LN CA layer).
+      The block is built as ``cls(dim)`` and so does not know MIR's depth; shared weights also let one block serve
+      any number of MIR layers.
+    - **Sublayers** are pre-LN and residual like namc's other layers (:class:`~namc.models.layers.Block`), with
+      64-wide heads (12 at D = 768) and no dropout (a fusion block has no config of its own). The linear maps have
+      biases (the paper writes only the weights). ``Score``'s MLP is ``3D -> D -> D`` with a GELU.
+    - **Output.** M3Diff hands ``F'_1`` and ``F'_2`` to its language model as two image-token sets; namc's FDG reads
+      one (B, N, D) memory, so the two refined streams are fused by the paper's (NAMC's) own rule, an FC over their
+      concatenation (section 3.2.2): ``E_MIR = W_o [F'_1 || F'_2]``.
+    """
+
+    multi_scale = True
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        heads = _heads_for(dim)
+        self.ln_scale = nn.LayerNorm(dim)  # the shallower MIR layers' residual streams (the last one is MIR's output)
+        self.gate = nn.Linear(2 * dim, dim)  # W_m (Eq. 1)
+        self.diff = nn.Linear(3 * dim, dim)  # W_p (Eq. 3)
+        self.diff_layer = Block(dim, heads, mlp_ratio=4.0, dropout=0.0)  # SA -> CA -> MLP (Eq. 4-5)
+        self.fuse_back = _CrossAttention(dim, heads)  # CA of Eq. 6
+        self.score = nn.Sequential(nn.Linear(3 * dim, dim), nn.GELU(), nn.Linear(dim, dim))  # MLP of Eq. 7
+        self.out = nn.Linear(2 * dim, dim)  # E_MIR = W_o [F'_1 || F'_2] (section 3.2.2's FC)
+
+    def perceive(self, f1: torch.Tensor, f2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One scale: Eqs. 1-6.
+
+        Args:
+            f1: (B, N, D) ``F_1^i``.
+            f2: (B, N, D) ``F_2^i``.
+
+        Returns:
+            ``(F~_1, F~_2, dF)``, each (B, N, D).
+        """
+        B, N, _ = f1.shape
+        lam1 = torch.sigmoid(self.gate(torch.cat([f1, f2], dim=-1)))  # (B, N, D), Eq. 1
+        lam2 = torch.sigmoid(self.gate(torch.cat([f2, f1], dim=-1)))  # (B, N, D)
+        g1, g2 = f1 * lam1, f2 * lam2  # Eq. 2
+        delta = self.diff(torch.cat([g1, g2, g1 - g2], dim=-1))  # (B, N, D), Eq. 3
+        blk = self.diff_layer
+        d_sa = blk.self_attend(delta)  # (B, N, D), Eq. 4
+        d_ca = blk.cross_attend(d_sa, torch.cat([f1, f2, d_sa], dim=1))  # keys/values (B, 3N, D), Eq. 5
+        d_ca = blk.feed_forward(d_ca)  # Eq. 5's MLP
+        queries = torch.cat([f1, f2], dim=0)  # (2B, N, D): both streams through the one CA of Eq. 6
+        context = torch.cat([torch.cat([f1, d_ca], dim=1), torch.cat([f2, d_ca], dim=1)], dim=0)  # (2B, 2N, D)
+        refined = self.fuse_back(queries, context)  # (2B, N, D)
+        return refined[:B], refined[B:], delta
+
+    def forward(
+        self, x1: torch.Tensor, x2: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """``E_MIR`` from MIR's output and its per-layer streams.
+
+        Args:
+            x1: (B, N, D) MIR's output for image 1 (after its final LayerNorm): the deepest scale.
+            x2: (B, N, D) likewise for image 2.
+            layers: ``[(x1_l, x2_l), ...]``, every MIR layer's output (before the final LayerNorm), shallow to
+                deep; all but the last are the shallower scales (the last is ``(x1, x2)`` before the LayerNorm).
+
+        Returns:
+            (B, N, D) ``E_MIR``.
+        """
+        scales = [(self.ln_scale(a), self.ln_scale(b)) for a, b in layers[:-1]] + [(x1, x2)]
+        fused1 = fused2 = None
+        for f1, f2 in scales:
+            t1, t2, delta = self.perceive(f1, f2)
+            pooled = torch.cat([t1, t2, delta], dim=-1).mean(dim=1)  # (B, 3D), Phi_Mean over tokens
+            weight = torch.sigmoid(self.score(pooled)).unsqueeze(1)  # (B, 1, D), Score^i of Eq. 7
+            fused1 = weight * t1 if fused1 is None else fused1 + weight * t1  # Eq. 8
+            fused2 = weight * t2 if fused2 is None else fused2 + weight * t2
+        return self.out(torch.cat([fused1, fused2], dim=-1))  # (B, N, 2D) -> (B, N, D)

@@ -43,6 +43,7 @@ from namc.models.io import (
     write_config,
 )
 from namc.models.mir import MIR, MIRConfig
+from namc.models.precision import precision_context
 from namc.models.vqgan import VQGANTokenizer
 from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 
@@ -231,8 +232,15 @@ class NAMC(nn.Module):
         num_beams: int = 1,
         grid_1: torch.Tensor | None = None,
         grid_2: torch.Tensor | None = None,
+        precision: str = "fp32",
     ) -> torch.Tensor:
-        """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``)."""
+        """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``); ``precision``
+        ``fp32`` (default), ``bf16`` or ``int8`` (CPU) runs a converted copy (:mod:`namc.models.precision`)."""
+        if precision != "fp32":
+            with precision_context(self, precision, self.fdg.tok.weight.device) as model:
+                dtype = model.fdg.pos.dtype  # the activations' dtype (the copies keep fp32 activations)
+                x = [None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)]
+                return model.generate_ids(x[0], x[1], max_new_tokens, num_beams, grid_1=x[2], grid_2=x[3])
         memory = self.encode_pair(images_1, images_2, grid_1, grid_2)
         return self.fdg.generate(memory, max_new_tokens or self.config.max_new_tokens, num_beams)
 
@@ -242,6 +250,7 @@ class NAMC(nn.Module):
         images_2: torch.Tensor,
         max_new_tokens: int | None = None,
         num_beams: int = 1,
+        precision: str = "fp32",
     ) -> list[str]:
         """Describe what changed from each first image to its second image.
 
@@ -252,11 +261,12 @@ class NAMC(nn.Module):
             images_2: (B, 3, H, W) in [0, 1].
             max_new_tokens: at most this many generated tokens (default ``config.max_new_tokens``, 23).
             num_beams: 1 for greedy (the paper); more for beam search.
+            precision: ``fp32`` (default), ``bf16`` or ``int8`` (CPU only) (:mod:`namc.models.precision`).
 
         Returns:
             one caption per pair.
         """
-        ids = self.generate_ids(images_1, images_2, max_new_tokens, num_beams)
+        ids = self.generate_ids(images_1, images_2, max_new_tokens, num_beams, precision=precision)
         return [self.tokenizer.decode(row.tolist()) for row in ids]
 
     # ------------------------------------------------------------------------------------------ persistence

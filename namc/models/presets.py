@@ -17,6 +17,13 @@ def namc_base() -> NAMCConfig:
 
 
 @register_model
+def namc_base_mdp() -> NAMCConfig:
+    """``namc_base`` with M3Diff's MDP block as MIR's fusion (``fusion="mdp"``, :class:`~namc.models.fusion.MDPFusion`;
+    OmniDiff paper, section 4.2) instead of the paper's concat + FC."""
+    return NAMCConfig(name="namc_base_mdp", fusion="mdp")
+
+
+@register_model
 def namc_tiny() -> NAMCConfig:
     """A CPU model with the paper's structure: 64 px, 8 x 8 grid, D 128, 4 heads, 2 + 2 layers, word vocabulary.
 

@@ -13,6 +13,7 @@ A reader's order is a pure function of ``(source, seed, epoch, reader)`` and is 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -35,10 +36,13 @@ from namc.data.corpus.records import (
     read_codes,
 )
 from namc.data.corpus.shards import iter_tar_groups, list_shards, shard_sizes
+from namc.data.corpus.targets import read_targets
 from namc.data.issues import DataIssues, IssueKind
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTransform
 
 __all__ = ["CorpusDataset"]
+
+_TARGETS = "\x00targets"  # a sample's precomputed (codes, grids) ride in its tar group under this key
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +73,12 @@ class CorpusDataset(IterableDataset):
          "image1": Tensor (3, H, W) float in [0, 1] | None, "image2": ...,
          "description": str, "verb1": str, "desc1": str, "verb2": str, "desc2": str,
          "noise1": list[int] | None, "noise2": list[int] | None,
-         "codes1": LongTensor (N,) | None, "codes2": LongTensor (N,) | None}
+         "codes1": LongTensor (N,) | None, "codes2": LongTensor (N,) | None,
+         "grid1": FloatTensor (N, C) | None, "grid2": ...}
+
+    ``codes``/``grid`` come from the targets ``namc data precompute`` wrote beside a shard
+    (:mod:`namc.data.corpus.targets`) when ``precomputed`` is on and the sample has a row there (codes also from a
+    sample's own ``codes.npy``); else they are None and the frozen encoders compute them.
 
     ``description`` is the record's text with whitespace normalised (not re-templated); the images are ``None``
     only when ``load_images=False``. Bad samples are skipped and counted in :attr:`issues`.
@@ -86,6 +95,12 @@ class CorpusDataset(IterableDataset):
         issues: where to count skipped samples (default: a new :class:`DataIssues`).
         max_image_pixels: images with more pixels are skipped as ``oversized_image`` before decoding (None: no cap;
             :mod:`namc.data.transforms` states the policy).
+        precomputed: read the precomputed VQGAN codes / grids beside the shards when present.
+        sources: keep only records whose ``source`` is listed (None: all). Left-out records are not issues.
+        fraction: keep a deterministic subset of about this fraction of the records: those whose
+            ``hash(subset_seed, id)`` falls below it, so a smaller fraction's subset lies inside a larger one's and
+            the choice does not depend on order, ranks or workers.
+        subset_seed: seed of that hash.
 
     Call :meth:`set_epoch` before each epoch (with ``persistent_workers=False`` the workers receive the new epoch).
     Ranks can receive different numbers of samples when shards differ in size; drop the remainder or pad in
@@ -104,9 +119,19 @@ class CorpusDataset(IterableDataset):
         load_images: bool = True,
         issues: DataIssues | None = None,
         max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+        precomputed: bool = True,
+        sources: Sequence[str] | None = None,
+        fraction: float = 1.0,
+        subset_seed: int = 0,
     ) -> None:
         super().__init__()
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         self.mode, self.paths = _resolve_source(source)
+        self.precomputed = precomputed
+        self.sources = set(sources) if sources is not None else None
+        self.fraction = fraction
+        self.subset_seed = subset_seed
         self.transform = ImageTransform(image_size, max_image_pixels)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
@@ -174,8 +199,19 @@ class CorpusDataset(IterableDataset):
     def _raw_shards(self, shards: list[Path]) -> Iterator[tuple[str, Any]]:
         sizes = shard_sizes(shards)
         for shard in shards:
+            targets = read_targets(shard, self.transform.image_size) if self.precomputed else None
             for key, group in iter_tar_groups(shard, self.issues, sizes.get(shard)):
-                yield f"{shard}:{key}", group
+                found = targets.get(key) if targets is not None else None
+                yield f"{shard}:{key}", ({**group, _TARGETS: found} if found is not None else group)
+
+    def keep(self, rec: CorpusRecord) -> bool:
+        """Whether the record is in the selected subset (``sources``, ``fraction``)."""
+        if self.sources is not None and rec.source not in self.sources:
+            return False
+        if self.fraction >= 1.0:
+            return True
+        digest = hashlib.blake2b(f"{self.subset_seed}\x00{rec.id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64 < self.fraction
 
     def decode(self, where: str, unit: Any) -> dict[str, Any] | None:
         """The sample of one unit of :meth:`units`, or ``None`` when it is bad (skipped and counted in ``issues``)."""
@@ -187,6 +223,8 @@ class CorpusDataset(IterableDataset):
                 codes_src: Any = root / rec.codes if rec.codes is not None else None
             else:
                 img_src, codes_src, rec = self._shard_parts(unit)
+            if not self.keep(rec):
+                return None  # outside the selected subset: not an issue
             images: list[torch.Tensor | None] = [None, None]
             if self.load_images:
                 for i, src in enumerate(img_src):
@@ -204,6 +242,14 @@ class CorpusDataset(IterableDataset):
                 except (OSError, ValueError) as err:
                     raise RecordError(IssueKind.BAD_CODES, str(err)) from None
                 codes = [arr[0], arr[1]]
+            grids: list[torch.Tensor | None] = [None, None]
+            pre = unit.get(_TARGETS) if isinstance(unit, dict) else None
+            if pre is not None:  # (2, N) int16 codes, (2, N, C) float16 grids or None
+                arr = torch.from_numpy(np.asarray(pre[0], dtype=np.int64))
+                codes = [arr[0], arr[1]]
+                if pre[1] is not None:
+                    grid = torch.from_numpy(np.asarray(pre[1], dtype=np.float32))
+                    grids = [grid[0], grid[1]]
         except RecordError as err:
             self.issues.add(err.kind, where, str(err))
             return None
@@ -222,6 +268,8 @@ class CorpusDataset(IterableDataset):
             "noise2": rec.noise2,
             "codes1": codes[0],
             "codes2": codes[1],
+            "grid1": grids[0],
+            "grid2": grids[1],
         }
 
     @staticmethod

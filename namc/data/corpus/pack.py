@@ -4,7 +4,8 @@ Shard ``i`` holds manifest lines ``[i * shard_size, (i + 1) * shard_size)`` that
 ``.tar.partial`` and renamed when complete, and gets a sidecar ``shard-%06d.json`` with its counts and a digest of
 its manifest lines; a rerun skips shards whose tar and sidecar exist with the same digest and rewrites any other (a
 partial one, or one packed from different lines). ``index.json`` lists the shards and the totals. The format is
-described in :mod:`namc.data.corpus.shards`.
+described in :mod:`namc.data.corpus.shards`. A manifest's ``image1``/``image2`` are image references
+(:mod:`namc.data.refs`): a path, ``SHARD.tar::MEMBER`` or ``FILE.parquet::ROW::COLUMN``.
 
 Every manifest line is accounted for: packed, or rejected and counted by :class:`~namc.data.issues.IssueKind`
 (a line that is not UTF-8 or not JSON, a record that fails validation, a missing, corrupt or oversized image, bad
@@ -38,6 +39,7 @@ from namc.data.corpus.records import (
 )
 from namc.data.corpus.shards import INDEX_FILE, SHARD_PATTERN
 from namc.data.issues import IssueKind
+from namc.data.refs import read_ref, ref_ext
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, open_image
 
 __all__ = ["PackReport", "pack_corpus"]
@@ -80,19 +82,14 @@ def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def _image_ext(path: Path) -> str:
-    ext = path.suffix.lower().lstrip(".")
-    return {"jpeg": "jpg"}.get(ext, ext) or "img"
-
-
 def _load_for_pack(rec: CorpusRecord, root: Path, verify_images: bool, max_pixels: int | None) -> dict[str, bytes]:
     members: dict[str, bytes] = {}
     for slot, rel in (("1", rec.image1), ("2", rec.image2)):
-        path = root / rel
+        path = root / rel  # a path, or an image reference (SHARD.tar::MEMBER, FILE.parquet::ROW::COL): namc.data.refs
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise RecordError(IssueKind.MISSING_IMAGE, f"image{slot} not found: {path}") from None
+            data = read_ref(rel, root)
+        except FileNotFoundError as err:
+            raise RecordError(IssueKind.MISSING_IMAGE, f"image{slot} not found: {err}") from None
         except OSError as err:
             raise RecordError(IssueKind.CORRUPT_IMAGE, f"image{slot} unreadable: {path}: {err}") from None
         if verify_images:
@@ -100,7 +97,7 @@ def _load_for_pack(rec: CorpusRecord, root: Path, verify_images: bool, max_pixel
                 open_image(data, max_pixels)
             except (*IMAGE_ERRORS, ImageTooLargeError) as err:
                 raise image_error(err, f"image{slot}", path) from None
-        members[f"{slot}.{_image_ext(path)}"] = data
+        members[f"{slot}.{ref_ext(rel, data)}"] = data
     if rec.codes is not None:
         path = root / rec.codes
         try:

@@ -69,7 +69,8 @@ def dataset_class(name: str) -> type[BenchmarkDataset]:
 def build_benchmark(
     name: str, root: str | Path, split: str, image_size: int | None = 224, **kwargs: Any
 ) -> BenchmarkDataset:
-    """Builds a benchmark dataset by name (``clevr_change``, ``clevr_dc``, ``spot_the_diff``, ``ier``).
+    """Builds a benchmark dataset by name (``clevr_change``, ``clevr_dc``, ``spot_the_diff``, ``ier``, ``omnidiff``,
+    ``omnidiff_real``, ``omnidiff_render``; :func:`list_datasets`).
 
     Args:
         name: benchmark name.

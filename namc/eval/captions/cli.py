@@ -1,5 +1,7 @@
 """``namc eval PREDICTIONS.json REFERENCES.json [--types TYPES.json] [--out RESULTS.json] [--no-spice]``.
 
+``namc eval choice CHOICES.jsonl --model DIR`` is the minimal-pair choice evaluation (:mod:`namc.eval.choice`).
+
 Scores a predictions file against a references file with :func:`~namc.eval.captions.evaluate_captions` and prints
 the table; the file formats are those of :mod:`namc.eval.captions.files`.
 """
@@ -31,6 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         Exit status: 0 on success, 2 on bad input or without pycocoevalcap (``pip install "namc[train]"``).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "choice":  # `namc eval choice ...`: minimal-pair choice accuracy (namc.eval.choice)
+        from namc.eval.choice import main as choice_main
+
+        return choice_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="namc eval",
         description="Caption metrics x100 (PTB tokenizer; BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, SPICE).",

@@ -77,7 +77,7 @@ def spice_status() -> tuple[bool, str]:
 def _validate(
     predictions: Mapping[str, str],
     references: Mapping[str, Sequence[str]],
-    change_types: Mapping[str, str] | None,
+    change_types: Mapping[str, str | Sequence[str]] | None,
 ) -> None:
     """Raise a ``ValueError`` naming offending ids; see :func:`evaluate_captions`."""
     if not predictions:
@@ -240,7 +240,7 @@ class CaptionEvaluator:
         self,
         gts: dict[str, list[str]],
         res: dict[str, list[str]],
-        change_types: Mapping[str, str],
+        change_types: Mapping[str, str | Sequence[str]],
         spice: float | str,
         spice_per_id: dict[str, float],
     ) -> tuple[dict[str, dict[str, float | str]], dict[str, int]]:
@@ -249,7 +249,8 @@ class CaptionEvaluator:
         Args:
             gts: id -> tokenized references.
             res: id -> [tokenized prediction], the same ids.
-            change_types: id -> change type, for every id of ``res``.
+            change_types: id -> change type, for every id of ``res``; a tuple or list of types (OmniDiff's pairs
+                have several) puts the pair in each of its types' subsets (none when it is empty).
             spice: the overall SPICE (a float, or the "unavailable (...)" string every type then reports).
             spice_per_id: id -> SPICE x100 of that pair (empty when SPICE did not run).
 
@@ -259,7 +260,9 @@ class CaptionEvaluator:
         """
         groups: dict[str, list[str]] = {}
         for k in res:
-            groups.setdefault(str(change_types[k]), []).append(k)
+            types = change_types[k]
+            for change_type in types if isinstance(types, (tuple, list)) else (types,):
+                groups.setdefault(str(change_type), []).append(k)
         per_type: dict[str, dict[str, float | str]] = {}
         for change_type, members in sorted(groups.items()):
             scores: dict[str, float | str] = dict(
@@ -275,7 +278,7 @@ class CaptionEvaluator:
         predictions: Mapping[str, str],
         references: Mapping[str, Sequence[str]],
         *,
-        change_types: Mapping[str, str] | None = None,
+        change_types: Mapping[str, str | Sequence[str]] | None = None,
     ) -> dict[str, Any]:
         """Score predicted captions against references; see :func:`evaluate_captions`."""
         _validate(predictions, references, change_types)
@@ -309,7 +312,7 @@ def evaluate_captions(
     predictions: dict[str, str],
     references: dict[str, list[str]],
     *,
-    change_types: dict[str, str] | None = None,
+    change_types: Mapping[str, str | Sequence[str]] | None = None,
     spice: bool = True,
 ) -> dict[str, Any]:
     """Score predicted captions with the COCO caption metrics, x100, as IDC papers report them.
@@ -321,7 +324,8 @@ def evaluate_captions(
         references: id -> list of N_id >= 1 reference captions; the same ids as ``predictions``.
         change_types: optional id -> change type (e.g. CLEVR-Change "color", "move", "distractor") for every
             prediction id (extra ids are ignored). Each type's metrics are recomputed on its subset, CIDEr-D's IDF
-            included, like the CLEVR-Change community code.
+            included, like the CLEVR-Change community code. A tuple of types (OmniDiff: a pair has one or more of
+            12) counts the pair under each, so ``per_type_num_pairs`` may sum to more than ``num_pairs``.
         spice: try SPICE; it is reported as ``"unavailable (<reason>)"`` when it cannot run, never as 0.
 
     Returns:

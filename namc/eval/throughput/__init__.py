@@ -5,8 +5,11 @@
 - **Inference** (:mod:`.inference`) at each batch size and level (``decode`` from E_MIR, ``grid`` from ResNet grid
   features, ``e2e`` from pixels), after warm-up, over several repeats (median and spread): generated tokens/s,
   pairs/s, seconds per pair and peak memory (:mod:`.timing`).
-- **The naive reference decoders** (:mod:`.baselines`) in the same process, with the speed-up over them and whether
-  they produced the same ids.
+- **The naive decoder** (:mod:`.baselines`) and **the CLIP4IDC peer** (:mod:`.clip4idc`: its published
+  architecture, 173.7M parameters, random weights) in the same process, on the same inputs and length, the peer's
+  calls interleaved with namc's; the speed-ups, and whether the naive decoder produced the same ids.
+- **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.models.precision`) and ``torch.compile`` of
+  the decoding step.
 - **Dense matmul throughput** of the machine (:mod:`.machine`) and the **decode FLOP efficiency**: analytic decoder
   FLOPs (:mod:`.flops`) per second at the median time over that matmul FLOP/s.
 - **Training throughput** (:mod:`.training`, optional): pre-training steps/s and pairs/s, and the cost of the
@@ -20,6 +23,7 @@ works with the core install (no Lightning, jsonargparse, pycocoevalcap, TensorBo
 
 from namc.eval.throughput.baselines import generate_reference, generate_uncached
 from namc.eval.throughput.cli import build_parser, main
+from namc.eval.throughput.clip4idc import CLIP4IDCPeer, peer_at
 from namc.eval.throughput.flops import decoder_flops
 from namc.eval.throughput.harness import load_model, run_benchmark
 from namc.eval.throughput.inference import generated_lengths, length_mode, run_inference
@@ -31,6 +35,7 @@ from namc.eval.throughput.timing import peak_memory, summarize, time_calls
 from namc.eval.throughput.training import run_training, synthetic_pretrain_batch
 
 __all__ = [
+    "CLIP4IDCPeer",
     "PAPER_TABLE5",
     "REPORT_SCHEMA",
     "SCHEMA_VERSION",
@@ -47,6 +52,7 @@ __all__ = [
     "main",
     "measure_matmul",
     "peak_memory",
+    "peer_at",
     "run_benchmark",
     "run_inference",
     "run_training",

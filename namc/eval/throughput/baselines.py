@@ -6,7 +6,10 @@ Dimension letters: B pairs, T tokens, N memory positions, D width, V vocabulary.
   the cross-attention keys/values of the memory and projects every position onto the vocabulary.
 - :func:`generate_reference`: the same, and it also re-encodes both images (ResNet grid + MIR) at every step.
 
-Both return exactly what :meth:`namc.models.fdg.FDG.generate` returns with ``num_beams=1``.
+Both return exactly what :meth:`namc.models.fdg.FDG.generate` returns with ``num_beams=1``: they are correctness
+oracles for the cached decoder (tests/test_decoding.py). ``generate_reference`` is not a speed peer (no published
+captioner re-encodes its images at every step); the harness compares namc's speed with the CLIP4IDC peer
+(:mod:`.clip4idc`), built from that model's published architecture and decoding loop.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from namc.eval.throughput.harness import run_benchmark
 from namc.eval.throughput.report import format_table
-from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, MODES, REFERENCES, BenchmarkSettings
+from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, MODES, PRECISIONS, REFERENCES, BenchmarkSettings
 
 __all__ = ["build_parser", "main"]
 
@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(d.batch_sizes), help="default: %(default)s")
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N (default %(default)s)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(DTYPES), help="half precision on CUDA only")
+    p.add_argument(
+        "--precision", default=d.precision, choices=PRECISIONS,
+        help="CPU inference precision of namc and the CLIP4IDC peer: fp32, bf16 (bf16 weights, oneDNN), int8 "
+        "(dynamic int8 linear layers) (default %(default)s)",
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=d.threads, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="default %(default)s (appendix F)")
     p.add_argument(
@@ -51,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument(
         "--reference", default=d.reference, choices=REFERENCES,
-        help="naive decoder to compare with: decode (uncached FDG from the same memory), pixels "
-        "(generate_reference, re-encodes the images every step: slow), all, none (default %(default)s)",
+        help="what to compare with: decode (namc's FDG without a cache, from the same memory), clip4idc (the "
+        "CLIP4IDC peer, decode-only and end to end, interleaved with namc: slow), all, none (default %(default)s)",
     )  # fmt: skip
     p.add_argument("--reference-repeats", type=int, default=d.reference_repeats)
     p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")

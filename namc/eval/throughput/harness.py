@@ -16,17 +16,21 @@ from typing import Any
 import torch
 
 from namc._version import __version__
+from namc.eval.throughput.clip4idc import PAPER_PARAMETERS, CLIP4IDCPeer, peer_at
 from namc.eval.throughput.inference import run_inference
 from namc.eval.throughput.machine import describe_machine, measure_matmul
 from namc.eval.throughput.schema import SCHEMA_VERSION
 from namc.eval.throughput.settings import DTYPES, PAPER_TABLE5, BenchmarkSettings
 from namc.eval.throughput.training import run_training
 from namc.models.namc import NAMC
+from namc.models.precision import inference_copy
 from namc.models.registry import create_model, list_models
 
 __all__ = ["load_model", "run_benchmark"]
 
 logger = logging.getLogger(__name__)
+
+PAPER_NAMC_PARAMETERS = 64_200_000  # Table 5
 
 
 def load_model(spec: str, device: torch.device) -> tuple[NAMC, str]:
@@ -68,13 +72,24 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         model, source = load_model(settings.model, device)
     model = model.to(device).eval()
     params = model.num_parameters()
-    if settings.compile:
-        model.fdg.compile_step()
-    logger.info("matmul reference: %d x %d %s", settings.gemm_size, settings.gemm_size, settings.dtype)
-    matmul = measure_matmul(device, dtype, settings.gemm_size)
+    logger.info("matmul reference: %d x %d %s %s", settings.gemm_size, settings.gemm_size, settings.dtype,
+                settings.precision)  # fmt: skip
+    matmul = measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision)
     if dtype != torch.float32:
         model.to(dtype)
-    inference, reference = run_inference(model, settings, device, matmul["flops_per_s"])
+    runner = inference_copy(model, settings.precision)  # the model itself in fp32
+    if settings.compile:
+        runner.fdg.compile_step()
+    peer, peer_entry = None, None
+    if settings.reference in ("clip4idc", "all"):
+        torch.manual_seed(settings.seed)
+        peer = CLIP4IDCPeer().to(device).eval()
+        peer_entry = {"name": "CLIP4IDC", "parameters": peer.num_parameters(), "paper_parameters": PAPER_PARAMETERS}
+        peer = peer_at(peer.to(dtype), settings.precision)
+    try:
+        inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
+    finally:
+        runner.fdg.uncompile_step()
     training = run_training(model, settings, device) if settings.train_batch_size else None
     return {
         "schema_version": SCHEMA_VERSION,
@@ -87,6 +102,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         "matmul": matmul,
         "inference": inference,
         "reference": reference,
+        "peer": peer_entry,
         "training": training,
         "paper_table5": [dict(row) for row in PAPER_TABLE5],
         "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -106,4 +122,17 @@ def _model_entry(model: NAMC, source: str, params: dict[str, int]) -> dict[str, 
         "vocab_size": cfg.vocab_size,
         "memory_positions": model.grid_size**2,
         "parameters": params,
+        "parameters_paper_style": _paper_style(model, params),
+    }
+
+
+def _paper_style(model: NAMC, params: dict[str, int]) -> dict[str, int]:
+    """Counts to set beside Table 5's (64.2M for NAMC), which leaves out parts of what runs at inference."""
+    vocab = model.fdg.tok.weight.numel()
+    return {
+        "paper": PAPER_NAMC_PARAMETERS,
+        "vocab_embedding": vocab,
+        "inference_without_vocab_embedding": params["inference"] - vocab,
+        "inference_without_grid": params["inference"] - params["grid"],
+        "mir_fdg_without_vocab_embedding": params["inference"] - params["grid"] - vocab,
     }

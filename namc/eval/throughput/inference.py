@@ -9,9 +9,16 @@ Levels (``mode``), each timed after warm-up over several repeats:
 - ``grid``: MIR interaction + FDG from precomputed ResNet grid features (the paper pre-extracts them, appendix E.2);
 - ``e2e``: from pixels, the ResNet grid included.
 
-Naive decoders (:mod:`.baselines`): ``reference="decode"`` runs :func:`generate_uncached` from the same memory,
-``"pixels"`` runs :func:`generate_reference` (it also re-encodes both images at every step, like the CLIP4IDC peer
-code). The speed-up is the ratio of median times; ``tokens_match`` says whether both decoders produced the same ids.
+Naive decoder (:mod:`.baselines`): ``reference="decode"`` runs :func:`generate_uncached` from the same memory; the
+speed-up is the ratio of median times; ``tokens_match`` says whether both decoders produced the same ids.
+
+The CLIP4IDC peer (:mod:`.clip4idc`, ``reference="clip4idc"``): its decode-only (from its visual memory) and
+end-to-end (from the same pixels) calls, each interleaved with namc's call of the same level in one loop (namc,
+peer, namc, peer, ...) so that both see the same machine load; the speed-up is the ratio of the two medians of that
+loop. Both generate the same number of tokens per pair (``fixed`` disables [EOS] in both) at the run's precision.
+
+Precision (``settings.precision``): on a CPU every namc call runs the :func:`~namc.models.precision.inference_copy`
+of that precision (inputs cast to its dtype), the peer a copy converted the same way (:func:`.clip4idc.peer_at`).
 
 Length modes: with random weights, generation stops at arbitrary lengths, so ``fixed`` (the default) disables [EOS]
 for the run and every row generates exactly ``max_new_tokens`` tokens; ``eos`` stops at [EOS] as in real use and
@@ -21,27 +28,38 @@ counts the tokens generated up to and including each row's first [EOS].
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from namc.eval.throughput.baselines import generate_reference, generate_uncached
+from namc.eval.throughput.baselines import generate_uncached
+from namc.eval.throughput.clip4idc import EOS_ID, CLIP4IDCPeer
 from namc.eval.throughput.flops import decoder_flops, fdg_shape
-from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, BenchmarkSettings
-from namc.eval.throughput.timing import peak_memory, summarize, time_calls
+from namc.eval.throughput.settings import LENGTH_MODES, BenchmarkSettings
+from namc.eval.throughput.timing import peak_memory, summarize, synchronize, time_calls
 from namc.models.namc import NAMC
+from namc.models.precision import run_context
 
 __all__ = ["generated_lengths", "length_mode", "run_inference"]
 
 logger = logging.getLogger(__name__)
 
-# settings.reference -> the naive decoders it times
-_NAIVE = {"none": (), "decode": ("decode",), "pixels": ("pixels",), "all": ("decode", "pixels")}
-# naive decoder -> the optimised level it is compared with
-_COMPARED_WITH = {"decode": "decode", "pixels": "e2e"}
+# settings.reference -> the naive decoders / peer levels it times
+_NAIVE = {"none": (), "decode": ("decode",), "clip4idc": (), "all": ("decode",)}
+_PEER = {
+    "none": (),
+    "decode": (),
+    "clip4idc": ("clip4idc_decode", "clip4idc_e2e"),
+    "all": ("clip4idc_decode", "clip4idc_e2e"),
+}
+# naive decoder or peer level -> the optimised level it is compared with
+_COMPARED_WITH = {"decode": "decode", "clip4idc_decode": "decode", "clip4idc_e2e": "e2e"}
 
 Call = Callable[[], torch.Tensor]
 
@@ -83,41 +101,71 @@ def generated_lengths(ids: torch.Tensor, eos_id: int, max_new_tokens: int, mode:
 
 
 def run_inference(
-    model: NAMC, settings: BenchmarkSettings, device: torch.device, matmul_flops: float | None
+    model: NAMC,
+    settings: BenchmarkSettings,
+    device: torch.device,
+    matmul_flops: float | None,
+    peer: CLIP4IDCPeer | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Time every (batch size, mode) and the naive reference decoder; returns (inference, reference) entries."""
+    """Time every (batch size, mode), the naive decoder and the peer; returns (inference, reference) entries.
+
+    ``model`` is what runs (already the precision copy), ``peer`` the CLIP4IDC peer at the same precision (None
+    unless ``settings.reference`` asks for it).
+    """
     inference: list[dict[str, Any]] = []
     reference: list[dict[str, Any]] = []
     gen = torch.Generator().manual_seed(settings.seed)
     for batch in settings.batch_sizes:
-        entries, refs = _run_batch(model, settings, device, batch, gen, matmul_flops)
+        entries, refs = _run_batch(model, settings, device, batch, gen, matmul_flops, peer)
         inference += entries
         reference += refs
     return inference, reference
 
 
 def _decoders(
-    model: NAMC, settings: BenchmarkSettings, device: torch.device, batch: int, gen: torch.Generator
+    model: NAMC,
+    settings: BenchmarkSettings,
+    device: torch.device,
+    batch: int,
+    gen: torch.Generator,
+    peer: CLIP4IDCPeer | None,
 ) -> tuple[dict[str, Call], dict[str, Call]]:
-    """Random images of ``batch`` pairs; the optimised call of each level and the naive decoders, over them."""
+    """Random images of ``batch`` pairs; the optimised call of each level and the naive decoders / peer levels."""
     size = model.config.image_size
     pair = torch.rand(2, batch, 3, size, size, generator=gen)  # (2, B, 3, H, W) in [0, 1]
-    img1, img2 = (x.to(device, DTYPES[settings.dtype]) for x in pair)
+    img1, img2 = (x.to(device, model.fdg.pos.dtype) for x in pair)
+    ctx = functools.partial(run_context, settings.precision, device)
     n_new = settings.max_new_tokens
-    with torch.inference_mode():
+    with torch.inference_mode(), ctx():
         grid = model.grid(torch.cat([img1, img2]))  # (2B, N, C)
         grid1, grid2 = grid[:batch], grid[batch:]
         memory = model.encode_pair(None, None, grid1, grid2)  # (B, N, D)
     optimised = {
-        "decode": lambda: model.fdg.generate(memory, n_new),
-        "grid": lambda: model.generate_ids(None, None, n_new, grid_1=grid1, grid_2=grid2),
-        "e2e": lambda: model.generate_ids(img1, img2, n_new),
+        "decode": _within(ctx, lambda: model.fdg.generate(memory, n_new)),
+        "grid": _within(ctx, lambda: model.generate_ids(None, None, n_new, grid_1=grid1, grid_2=grid2)),
+        "e2e": _within(ctx, lambda: model.generate_ids(img1, img2, n_new)),
     }
-    naive = {
-        "decode": lambda: generate_uncached(model.fdg, memory, n_new),
-        "pixels": lambda: generate_reference(model, img1, img2, n_new),
-    }
+    naive = {"decode": _within(ctx, lambda: generate_uncached(model.fdg, memory, n_new))}
+    if peer is not None:
+        dtype = peer.clip.token_embedding.weight.dtype
+        p1, p2 = img1.to(dtype), img2.to(dtype)
+        if size != peer.image_size:  # a small preset: the same images, resized to the peer's 224 px
+            p1, p2 = (F.interpolate(x, size=peer.image_size, mode="bilinear") for x in (p1, p2))
+        with torch.inference_mode():
+            peer_memory = peer.encode(p1, p2)  # (B, 100, 512)
+        naive["clip4idc_decode"] = lambda: peer.decode(peer_memory, n_new)
+        naive["clip4idc_e2e"] = lambda: peer.generate_ids(p1, p2, n_new)
     return optimised, naive
+
+
+def _within(ctx: Callable[[], contextlib.AbstractContextManager], call: Call) -> Call:
+    """``call`` run inside a fresh ``ctx()`` (the precision's autocast) each time."""
+
+    def run() -> torch.Tensor:
+        with ctx():
+            return call()
+
+    return run
 
 
 def _run_batch(
@@ -127,8 +175,9 @@ def _run_batch(
     batch: int,
     gen: torch.Generator,
     matmul_flops: float | None,
+    peer: CLIP4IDCPeer | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    optimised, naive = _decoders(model, settings, device, batch, gen)
+    optimised, naive = _decoders(model, settings, device, batch, gen, peer)
     eos_id = model.tokenizer.eos_id  # the real one: length_mode("fixed") hides it
     entries: list[dict[str, Any]] = []
     refs: list[dict[str, Any]] = []
@@ -150,7 +199,57 @@ def _run_batch(
                 opt_ids = optimised[against]()
             entry["tokens_match"] = bool(opt_ids.shape == ids.shape and torch.equal(opt_ids, ids))
             refs.append(entry)
+        for level in _PEER[settings.reference] if peer is not None else ():
+            logger.info("CLIP4IDC peer: batch %d, %s (interleaved with namc)", batch, level)
+            with _peer_length(peer, settings.length_mode):
+                refs.append(_time_peer(settings, device, batch, level, optimised[_COMPARED_WITH[level]], naive[level]))
     return entries, refs
+
+
+@contextlib.contextmanager
+def _peer_length(peer: CLIP4IDCPeer, mode: str) -> Iterator[None]:
+    """:func:`length_mode` for the peer."""
+    saved = peer.eos_id
+    if mode == "fixed":
+        peer.eos_id = -1
+    try:
+        yield
+    finally:
+        peer.eos_id = saved
+
+
+def _time_peer(
+    settings: BenchmarkSettings, device: torch.device, batch: int, level: str, ours: Call, theirs: Call
+) -> dict[str, Any]:
+    """One ``reference`` entry for a peer level: namc's and the peer's calls interleaved (``warmup`` untimed rounds,
+    then ``reference_repeats`` timed rounds), the speed-up the ratio of the two medians of this loop."""
+    ours_t: list[float] = []
+    theirs_t: list[float] = []
+    for i in range(settings.warmup + settings.reference_repeats):
+        for fn, out in ((ours, ours_t), (theirs, theirs_t)):
+            synchronize(device)
+            start = time.perf_counter()
+            ids = fn()
+            synchronize(device)
+            if i >= settings.warmup:
+                out.append(time.perf_counter() - start)
+    lengths = [settings.max_new_tokens] * batch if settings.length_mode == "fixed" else None
+    if lengths is None:  # eos mode: the peer's own lengths (its [EOS] is CLIP's)
+        lengths = generated_lengths(ids, EOS_ID, settings.max_new_tokens, "eos")
+    tokens = sum(lengths)
+    return {
+        "batch_size": batch,
+        "mode": level,
+        "compared_with": _COMPARED_WITH[level],
+        "length_mode": settings.length_mode,
+        "max_new_tokens": settings.max_new_tokens,
+        "tokens_per_call": tokens,
+        "time_s": summarize(theirs_t),
+        "tokens_per_s": summarize([tokens / t for t in theirs_t]),
+        "speedup": statistics.median(theirs_t) / statistics.median(ours_t),
+        "tokens_match": None,
+        "namc_time_s": summarize(ours_t),
+    }
 
 
 def _time_level(
@@ -216,5 +315,6 @@ def _time_reference(
         "time_s": summarize(times),
         "tokens_per_s": summarize([tokens / t for t in times]),
         "speedup": statistics.median(times) / optimised["time_s"]["median"] if optimised else None,
+        "namc_time_s": None,
     }
     return entry, ids

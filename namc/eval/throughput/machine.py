@@ -75,21 +75,32 @@ def describe_machine(device: torch.device) -> dict[str, Any]:
 
 
 def measure_matmul(
-    device: torch.device, dtype: torch.dtype, size: int, warmup: int = 2, repeats: int = 5
+    device: torch.device, dtype: torch.dtype, size: int, warmup: int = 2, repeats: int = 5, precision: str = "fp32"
 ) -> dict[str, Any]:
-    """FLOP/s of a square ``size`` x ``size`` GEMM (2 size^3 FLOPs per call).
+    """FLOP/s of a square ``size`` x ``size`` GEMM (2 size^3 FLOPs per call), in the precision the decoder runs.
 
     On a CPU in float32 the oneDNN kernel (``torch.ops.mkldnn._linear_pointwise``, the one FDG's decoding step
     uses) is timed besides ``torch.mm`` (MKL or OpenBLAS); ``flops_per_s`` is the faster backend's median, so an
-    efficiency never looks better for using a different GEMM than the reference.
+    efficiency never looks better for using a different GEMM than the reference. ``precision="bf16"`` times both
+    in bfloat16; ``"int8"`` times the dynamic int8 linear layer the int8 decoder uses (activations quantised per
+    call, as in decoding).
     """
+    if precision == "bf16":
+        dtype = torch.bfloat16
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device, dtype)
     b = torch.randn(size, size, generator=gen).to(device, dtype)
     flops = 2.0 * size**3
     backends: dict[str, Callable[[], Any]] = {"torch.mm": lambda: torch.mm(a, b)}
-    if device.type == "cpu" and dtype == torch.float32 and onednn_linear_available():
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_linear_available():
         backends["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+    if precision == "int8":
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        layer = torch.nn.Linear(size, size, bias=False)
+        layer.weight.data = b
+        packed = quantize_dynamic(torch.nn.Sequential(layer), {torch.nn.Linear: per_channel_dynamic_qconfig})[0]
+        backends = {"int8_dynamic_linear": lambda: packed(a)}
     results = {}
     with torch.inference_mode():
         for name, fn in backends.items():
@@ -98,7 +109,7 @@ def measure_matmul(
     best = max(results, key=lambda k: results[k]["median"])
     return {
         "size": size,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": "int8" if precision == "int8" else str(dtype).removeprefix("torch."),
         "flops_per_call": flops,
         "backends": results,
         "best_backend": best,

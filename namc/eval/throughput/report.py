@@ -89,12 +89,16 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
     backs = ", ".join(f"{k} {v['median'] / 1e9:.1f}" for k, v in mm["backends"].items())
     return [
         f"namc benchmark  model={mdl['name']} ({mdl['source']})  device={m['device']}  dtype={s['dtype']}  "
+        f"precision={s['precision']}  compile={s['compile']}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
         f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch_version']}"
         + (f", GPU {m['gpu']['name']}" if m["gpu"] else "")
         + load,
         f"parameters: total {p['total'] / 1e6:.1f}M, inference {p['inference'] / 1e6:.1f}M "
-        f"(grid {p['grid'] / 1e6:.1f}M, MIR {p['mir'] / 1e6:.1f}M, FDG {p['fdg'] / 1e6:.1f}M)",
+        f"(grid {p['grid'] / 1e6:.1f}M, MIR {p['mir'] / 1e6:.1f}M, FDG {p['fdg'] / 1e6:.1f}M); without the "
+        f"{mdl['parameters_paper_style']['vocab_embedding'] / 1e6:.2f}M vocabulary embedding "
+        f"{mdl['parameters_paper_style']['inference_without_vocab_embedding'] / 1e6:.1f}M (paper: "
+        f"{mdl['parameters_paper_style']['paper'] / 1e6:.1f}M)",
         f"matmul {mm['size']}^3 {mm['dtype']}: GFLOP/s {backs} (reference: {mm['best_backend']})",
     ]
 
@@ -111,13 +115,20 @@ def _inference_lines(report: dict[str, Any]) -> list[str]:
             f"{'' if eff is None else f'{eff:.0%}':>6}"
         )
     if report["reference"]:
-        lines += ["", f"{'batch':>5} {'naive decoder':<14} {'tokens/s':>26} {'speed-up':>9} {'same ids':>9}"]
+        lines += ["", f"{'batch':>5} {'compared with':<26} {'tokens/s':>26} {'speed-up':>9} {'same ids':>9}"]
         for r in report["reference"]:
             sp = "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+            same = "-" if r["tokens_match"] is None else str(r["tokens_match"])
             lines.append(
-                f"{r['batch_size']:>5} {r['mode'] + ' vs ' + r['compared_with']:<14} {_stat(r['tokens_per_s']):>26} "
-                f"{sp:>9} {str(r['tokens_match']):>9}"
+                f"{r['batch_size']:>5} {r['mode'] + ' vs ' + r['compared_with']:<26} {_stat(r['tokens_per_s']):>26} "
+                f"{sp:>9} {same:>9}"
             )
+    if report.get("peer"):
+        pp = report["peer"]["parameters"]
+        lines.append(
+            f"CLIP4IDC peer: {pp['total'] / 1e6:.1f}M parameters ({pp['inference'] / 1e6:.1f}M run at inference; "
+            f"paper {report['peer']['paper_parameters'] / 1e6:.1f}M), random weights"
+        )
     return lines
 
 

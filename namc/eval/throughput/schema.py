@@ -13,11 +13,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, MODES, REFERENCES, THREADING_ENV, BenchmarkSettings
+from namc.eval.throughput.settings import (
+    DTYPES,
+    LENGTH_MODES,
+    MODES,
+    PRECISIONS,
+    REFERENCES,
+    THREADING_ENV,
+    BenchmarkSettings,
+)
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -83,14 +91,19 @@ _SETTINGS = {
     "batch_sizes": _field("array", "image pairs per call", items={"type": "integer", "minimum": 1}),
     "device": _field("string", "`cpu`, `cuda`, `cuda:N`"),
     "dtype": _enum(DTYPES, "half precision on CUDA only"),
+    "precision": _enum(
+        PRECISIONS, "CPU inference precision of namc and the peer (`namc.models.precision`); `fp32` on CUDA"
+    ),
     "threads": _field(["integer", "null"], "`torch.set_num_threads` for the run (null: torch's default)"),
     "max_new_tokens": _field("integer", "generation limit (23 in the paper, appendix F)", minimum=1),
     "length_mode": _enum(LENGTH_MODES, _LENGTH_MODE),
     "modes": _field("array", "levels measured", items={"enum": list(MODES)}),
     "warmup": _field("integer", "untimed calls before each measurement", minimum=0),
     "repeats": _field("integer", "timed calls per measurement", minimum=1),
-    "reference": _enum(REFERENCES, "the naive decoders timed (`all`: both)"),
-    "reference_repeats": _field("integer", "timed calls of each naive decoder (no warm-up)", minimum=1),
+    "reference": _enum(REFERENCES, "what namc is compared with: the naive decoder, the CLIP4IDC peer (`all`: both)"),
+    "reference_repeats": _field(
+        "integer", "timed calls of the naive decoder (no warm-up); timed rounds of each peer comparison", minimum=1
+    ),
     "gemm_size": _field("integer", "side of the square matmul", minimum=1),
     "compile": _field("boolean", "FDG's decoding step ran under `torch.compile`"),
     "train_batch_size": _field("integer", "pairs per training step (0: no training measurement)", minimum=0),
@@ -162,6 +175,16 @@ _MODEL = {
         {name: _field("integer", meaning, minimum=0) for name, meaning in _PARAMETER_COUNTS.items()},
         "`NAMC.num_parameters()`; the other counts that method returns are kept too",
     ),
+    "parameters_paper_style": _object(
+        {
+            "paper": _field("integer", "Table 5's count for NAMC (64.2M)"),
+            "vocab_embedding": _field("integer", "FDG's tied BPE embedding / vocabulary projection (V x D)"),
+            "inference_without_vocab_embedding": _field("integer", "`parameters.inference` minus that embedding"),
+            "inference_without_grid": _field("integer", "`parameters.inference` minus the ResNet grid encoder"),
+            "mir_fdg_without_vocab_embedding": _field("integer", "MIR + FDG without the embedding"),
+        },
+        "counts to set beside the paper's, which leaves parts of what runs at inference out",
+    ),
 }
 
 _MATMUL = {
@@ -204,9 +227,9 @@ _INFERENCE = {
 _REFERENCE = {
     "batch_size": _field("integer", "B", minimum=1),
     "mode": _enum(
-        ["decode", "pixels"],
-        "the naive decoder: `decode` runs FDG without a cache from the same memory, `pixels` also re-encodes both "
-        "images at every step",
+        ["decode", "clip4idc_decode", "clip4idc_e2e"],
+        "`decode`: FDG without a cache from the same memory; `clip4idc_decode`: the CLIP4IDC peer decoding from its "
+        "visual memory; `clip4idc_e2e`: the peer from the same pixels",
     ),
     "compared_with": _enum(["decode", "e2e"], "the optimised level it is compared with"),
     "length_mode": _enum(LENGTH_MODES, _LENGTH_MODE),
@@ -215,9 +238,29 @@ _REFERENCE = {
     "time_s": _ref("stats", "seconds per call"),
     "tokens_per_s": _ref("stats", "generated tokens per second"),
     "speedup": _field(
-        ["number", "null"], "naive `time_s.median` / optimised `time_s.median`; null when that level was not timed"
+        ["number", "null"],
+        "`time_s.median` / namc's median time at the compared level (for the peer: namc's calls interleaved with "
+        "it, `namc_time_s`); null when that level was not timed",
     ),
-    "tokens_match": _field("boolean", "both decoders produced identical ids"),
+    "tokens_match": _field(["boolean", "null"], "both decoders produced identical ids (null for the peer)"),
+    "namc_time_s": _STATS
+    | {
+        "type": ["object", "null"],
+        "description": "peer entries: seconds per call of namc's calls interleaved with the peer's (a `stats` "
+        "object); null for the naive decoder",
+    },
+}
+
+_PEER = {
+    "name": _field("string", "`CLIP4IDC`"),
+    "parameters": _object(
+        {
+            "total": _field("integer", "every parameter (the full CLIP model, cross encoder, decoder)", minimum=0),
+            "inference": _field("integer", "what captioning runs (CLIP's text transformer excluded)", minimum=0),
+        },
+        "`CLIP4IDCPeer.num_parameters()`",
+    ),
+    "paper_parameters": _field("integer", "Table 5's count (173.7M)"),
 }
 
 _ESTIMATE = {
@@ -277,6 +320,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                 'one entry per (batch size, naive decoder); empty with `reference="none"`',
                 items=_object(_REFERENCE),
             ),
+            "peer": _object(_PEER, "the CLIP4IDC peer; null unless `reference` is `clip4idc` or `all`", nullable=True),
             "training": _object(_TRAINING, "training throughput; null when `train_batch_size` is 0", nullable=True),
             "paper_table5": _field("array", "the paper's Table 5, for comparison", items=_object(_PAPER_ROW)),
             "load_average_end": _field(

@@ -63,10 +63,18 @@ _NAIVE = (
         "memory's cross-attention K/V are recomputed and every position is projected onto the vocabulary",
     ),
     (
-        "`pixels`",
+        "`clip4idc_decode`",
+        "`decode`",
+        "the CLIP4IDC peer (`namc.eval.throughput.clip4idc`, 173.7M parameters, random weights) from its visual "
+        "memory: at every step its 3-layer cross encoder re-runs over the 100 visual tokens and its 3-layer decoder "
+        "over the whole prefix, every position projected onto the 49,408-word vocabulary; namc's and the peer's calls "
+        "alternate in one loop",
+    ),
+    (
+        "`clip4idc_e2e`",
         "`e2e`",
-        "`generate_reference(model, images_1, images_2)`: as `decode`, and both images are re-encoded (ResNet + MIR) "
-        "at every step, like the CLIP4IDC peer code",
+        "the peer from the same pixels: open_clip ViT-B/32 (9 layers per image, 3 over the joined pair) once, then "
+        "`clip4idc_decode`",
     ),
 )
 _MEASUREMENT = """\
@@ -74,6 +82,11 @@ _MEASUREMENT = """\
 `max_new_tokens` tokens (random weights would otherwise stop at arbitrary lengths); `eos`: generation stops at
 [EOS] as in real use, and a row's tokens are counted up to and including its first [EOS] (`max_new_tokens` when it
 produced none). Every inference and reference entry repeats the `length_mode` it used.
+
+**Precision.** `precision` `bf16` / `int8` (CPU): namc runs `namc.models.precision.inference_copy(model,
+precision)` (BatchNorm folded; bf16 weights, or dynamic int8 linear layers), the peer a copy converted the same way,
+and `matmul` is measured in that precision (`int8`: the dynamic int8 linear layer), so `flops.efficiency` compares
+with the GEMM rate of the precision the decoder runs in.
 
 **Repeats.** Each measurement is `warmup` untimed calls followed by `repeats` timed calls (on CUDA with
 `torch.cuda.synchronize()` around each), summarised by a [stats](#stats) object; its peak memory is measured over

@@ -16,6 +16,7 @@ __all__ = [
     "LENGTH_MODES",
     "MODES",
     "PAPER_TABLE5",
+    "PRECISIONS",
     "PRETRAIN_EPOCHS",
     "PRETRAIN_PAIRS",
     "REFERENCES",
@@ -34,7 +35,8 @@ PRETRAIN_PAIRS = 770_000  # section 3.1.1: "approximately 770K synthetic and rea
 PRETRAIN_EPOCHS = 20  # appendix F: "Pre-training is carried out for 20 epochs"
 
 MODES = ("decode", "grid", "e2e")
-REFERENCES = ("none", "decode", "pixels", "all")
+REFERENCES = ("none", "decode", "clip4idc", "all")
+PRECISIONS = ("fp32", "bf16", "int8")  # namc.models.precision.PRECISIONS (models may not import eval)
 LENGTH_MODES = ("fixed", "eos")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: environment variables that change CPU threading behaviour; recorded in every report
@@ -49,15 +51,18 @@ class BenchmarkSettings:
         model: a preset name (``namc_base``, ``namc_tiny``) or a folder written by ``save_pretrained``.
         batch_sizes: image pairs per call.
         device: ``cpu``, ``cuda`` or ``cuda:N``.
-        dtype: ``float32``; ``float16`` / ``bfloat16`` on CUDA only.
+        dtype: ``float32``; ``float16`` / ``bfloat16`` on CUDA only (the whole model converted).
+        precision: ``fp32``, ``bf16`` or ``int8``: on a CPU, namc runs its inference copy at that precision
+            (:mod:`namc.models.precision`) and the CLIP4IDC peer a copy converted the same way.
         threads: ``torch.set_num_threads`` (None: leave torch's default).
         max_new_tokens: tokens generated per pair (23 in the paper, appendix F).
         length_mode: ``fixed`` (EOS ignored: exactly ``max_new_tokens`` per pair) or ``eos``.
         modes: inference levels among ``decode``, ``grid``, ``e2e``.
         warmup: untimed calls before timing, per measurement.
         repeats: timed calls per measurement.
-        reference: naive decoder to compare with: ``none``, ``decode``, ``pixels`` or ``all``.
-        reference_repeats: timed calls of the (slow) naive decoder.
+        reference: what to compare with: ``none``, ``decode`` (namc's decoder without a cache), ``clip4idc`` (the
+            CLIP4IDC peer, :mod:`.clip4idc`: decode-only and end to end, interleaved with namc) or ``all``.
+        reference_repeats: timed calls of the naive decoder, and timed rounds of each peer comparison.
         gemm_size: side of the square matmul whose FLOP/s is the efficiency reference.
         compile: ``torch.compile`` FDG's decoding step.
         train_batch_size: pairs per training step; 0 skips the training measurement.
@@ -72,6 +77,7 @@ class BenchmarkSettings:
     batch_sizes: tuple[int, ...] = (1, 32)
     device: str = "cpu"
     dtype: str = "float32"
+    precision: str = "fp32"
     threads: int | None = None
     max_new_tokens: int = 23
     length_mode: str = "fixed"
@@ -110,5 +116,9 @@ class BenchmarkSettings:
             raise ValueError("train_batch_size must be >= 0, train_steps >= 1, train_warmup >= 0")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision != "fp32" and (torch.device(self.device).type != "cpu" or self.dtype != "float32"):
+            raise ValueError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
         if torch.device(self.device).type != "cuda" and self.dtype != "float32":
             raise ValueError(f"{self.dtype} is measured on CUDA only; use float32 on {self.device}")

@@ -1,0 +1,88 @@
+"""Precomputed pre-training targets beside a packed shard (``namc data precompute`` writes them).
+
+For ``shard-000000.tar``::
+
+    shard-000000.codes.npy      int16 (n, 2, N): the VQGAN codes of image 1 and image 2 of n samples
+    shard-000000.grids.npy      float16 (n, 2, N, C): the frozen ResNet grid features (optional)
+    shard-000000.targets.json   {"keys": [the n samples' tar keys, in row order], "skipped": [...],
+                                 "image_size": int, "codes": {...}, "grids": {...} | null, "shard_bytes": int}
+
+The ``.json`` is written last (each file through a temporary file and a rename), so its presence means the arrays
+beside it are complete. Rows are joined to samples by the tar key (``000000042`` for ``000000042.json``), so a
+sample the precompute skipped (an image that does not decode) simply has no row and is computed on the fly, and a
+reader never has to trust the order of anything. ``shard_bytes`` is the shard's size when the targets were made:
+a repacked shard of another size is ignored (and recomputed by the next ``namc data precompute``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ShardTargets", "read_targets", "targets_path"]
+
+logger = logging.getLogger(__name__)
+
+
+def targets_path(shard: Path, what: str) -> Path:
+    """``shard-000000.{what}`` beside ``shard-000000.tar`` (``what``: ``codes.npy``, ``grids.npy``,
+    ``targets.json``)."""
+    return shard.with_name(shard.name[: -len(shard.suffix)] + "." + what)
+
+
+@dataclass
+class ShardTargets:
+    """The precomputed targets of one shard, memory-mapped."""
+
+    rows: dict[str, int]
+    codes: np.ndarray  # (n, 2, N) int16
+    grids: np.ndarray | None  # (n, 2, N, C) float16
+    meta: dict[str, Any]
+
+    def get(self, key: str) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """``(codes (2, N), grids (2, N, C) or None)`` of the sample with tar key ``key``; None when it has none."""
+        row = self.rows.get(key)
+        if row is None:
+            return None
+        return self.codes[row], (self.grids[row] if self.grids is not None else None)
+
+
+def read_targets(shard: Path, image_size: int | None) -> ShardTargets | None:
+    """The shard's precomputed targets, or None when it has none (or stale ones: another shard size; a warning).
+
+    Raises:
+        ValueError: the targets were computed at another image size than ``image_size`` (naming the file), or the
+            arrays do not match their keys.
+    """
+    meta_path = targets_path(shard, "targets.json")
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        keys = meta["keys"]
+        codes = np.load(targets_path(shard, "codes.npy"), mmap_mode="r", allow_pickle=False)
+        grids = None
+        if meta.get("grids"):
+            grids = np.load(targets_path(shard, "grids.npy"), mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # damaged by hand: the encoders compute them instead
+        logger.warning("%s: unreadable precomputed targets (%s: %s), ignored; rerun `namc data precompute`",
+                       meta_path, type(err).__name__, err)  # fmt: skip
+        return None
+    if meta.get("shard_bytes") != shard.stat().st_size:
+        logger.warning("%s: made for a shard of %s bytes, %s has %d: ignored (rerun `namc data precompute`)",
+                       meta_path, meta.get("shard_bytes"), shard.name, shard.stat().st_size)  # fmt: skip
+        return None
+    if image_size is not None and meta.get("image_size") != image_size:
+        raise ValueError(
+            f"{meta_path}: targets precomputed at {meta.get('image_size')} px, the corpus is read at {image_size} px: "
+            "rerun `namc data precompute --model PRESET` with the preset you train, or read the corpus without them "
+            "(CorpusDataModule precomputed: false)"
+        )
+    if codes.shape[0] != len(keys) or (grids is not None and grids.shape[0] != len(keys)):
+        raise ValueError(f"{meta_path}: {len(keys)} keys but arrays of {codes.shape[0]} rows")
+    return ShardTargets({k: i for i, k in enumerate(keys)}, codes, grids, meta)

@@ -1,0 +1,169 @@
+"""The CLIP4IDC peer of the throughput harness: CLIP4IDC's captioning architecture and decoding loop, random weights.
+
+The paper's Table 5 compares NAMC with CLIP4IDC (Guo et al., 2022; 173.7M parameters). This module rebuilds that
+model's inference path from the facts of the public code (sushizixin/CLIP4IDC: ``modules/module_clip.py``,
+``modules/modeling.py``, ``modules/decoder-base/decoder_config.json``, ``main_task_caption.py``), written here:
+
+- **Visual encoder**: the CLIP ViT-B/32 of open_clip (``open_clip.create_model("ViT-B-32")``, random weights; the
+  full CLIP model, text tower included, as CLIP4IDC holds it). Each image runs through the patch embedding and the
+  first 9 of the 12 transformer layers on its own ("intra" layers); then the two images' 2 x 50 tokens are joined,
+  each side adds a learned before/after embedding, a joint positional embedding and a LayerNorm, and the last 3
+  layers (the cross encoder: "inter" layers) run over all 100 tokens. ``ln_post`` and the 768 -> 512 projection
+  give the (B, 100, 512) visual memory. Both images are encoded once per caption.
+- **Caption model** (``modules/module_decoder.py``'s ``DecoderModel``): a 3-layer post-LN transformer encoder over
+  the visual memory (the cross encoder; width 512, 8 heads, FFN 2048, GELU), then 3 post-LN decoder layers with
+  causal self-attention, decoder layer i attending to encoder layer i's output; word and position embeddings
+  shared with CLIP's text tower (49,408 x 512 and 77 x 512) followed by LayerNorm; the output head is a 512 x 512
+  transform, GELU, LayerNorm and the projection onto the vocabulary with the word-embedding matrix (tied) plus a
+  bias. With the full CLIP model this counts 173.7M parameters, Table 5's figure.
+- **Decoding** (``beam_decode`` with one beam): at every step ``DecoderModel.forward`` re-runs the cross encoder
+  over the visual memory and the decoder over the whole prefix, with no key/value cache, projects every position
+  onto the 49,408-word vocabulary and keeps the last one.
+
+Speed-ups of namc over this peer are measured in the same process, on the same images, with the same number of
+generated tokens, in interleaved calls (:mod:`.inference`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import open_clip
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["PAPER_PARAMETERS", "CLIP4IDCPeer", "peer_at"]
+
+PAPER_PARAMETERS = 173_700_000  # Table 5 of the NAMC paper
+BOS_ID, EOS_ID = 49406, 49407  # CLIP BPE's <|startoftext|> and <|endoftext|>
+
+
+class CLIP4IDCPeer(nn.Module):
+    """CLIP4IDC's captioning model (random weights) with its greedy decoding loop.
+
+    Args:
+        intra_layers: ViT layers run on each image alone before the two are joined (CLIP4IDC's default, 9).
+        decoder_layers: cross-encoder and caption-decoder layers (3 each).
+        decoder_heads: decoder attention heads (8).
+        decoder_ffn: decoder feed-forward width (2048).
+    """
+
+    def __init__(
+        self, intra_layers: int = 9, decoder_layers: int = 3, decoder_heads: int = 8, decoder_ffn: int = 2048
+    ) -> None:
+        super().__init__()
+        self.clip = open_clip.create_model("ViT-B-32", pretrained=None)
+        visual = self.clip.visual
+        width = visual.conv1.out_channels  # 768
+        tokens = visual.positional_embedding.shape[0]  # 50 = 7 x 7 patches + class token
+        dim = self.clip.token_embedding.weight.shape[1]  # 512
+        self.image_size = visual.conv1.kernel_size[0] * math.isqrt(tokens - 1)
+        self.intra_layers = intra_layers
+        scale = width**-0.5
+        self.bef_embedding = nn.Parameter(scale * torch.randn(width))
+        self.aft_embedding = nn.Parameter(scale * torch.randn(width))
+        self.joint_positional_embedding = nn.Parameter(scale * torch.randn(2 * tokens, width))
+        self.ln_mid = nn.LayerNorm(width)
+        self.emb_norm = nn.LayerNorm(dim)
+        self.cross = nn.ModuleList(_EncoderLayer(dim, decoder_heads, decoder_ffn) for _ in range(decoder_layers))
+        self.decoder = nn.ModuleList(
+            nn.TransformerDecoderLayer(dim, decoder_heads, decoder_ffn, 0.0, "gelu", batch_first=True)
+            for _ in range(decoder_layers)
+        )
+        self.transform = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.LayerNorm(dim))
+        self.head = nn.Linear(dim, self.clip.token_embedding.weight.shape[0])
+        self.head.weight = self.clip.token_embedding.weight  # tied, as BERT's prediction head
+        self.max_len = self.clip.positional_embedding.shape[0]
+        self.eos_id = EOS_ID
+
+    def num_parameters(self) -> dict[str, int]:
+        """``total`` (every distinct parameter, as Table 5 counts) and ``inference`` (what captioning runs: the
+        visual tower, the shared embeddings and the decoder; CLIP's text transformer is held but not run)."""
+        total = sum(p.numel() for p in self.parameters())
+        text = [self.clip.transformer, self.clip.ln_final]
+        unused = sum(p.numel() for m in text for p in m.parameters()) + self.clip.text_projection.numel()
+        return {"total": total, "inference": total - unused - self.clip.logit_scale.numel()}
+
+    def encode(self, images_1: torch.Tensor, images_2: torch.Tensor) -> torch.Tensor:
+        """(B, 3, 224, 224) before/after images in [0, 1] -> (B, 100, 512) visual memory (9 intra + 3 inter)."""
+        visual = self.clip.visual
+        B = images_1.shape[0]
+        x = torch.cat([images_1, images_2])  # (2B, 3, H, W)
+        mean = torch.tensor(open_clip.OPENAI_DATASET_MEAN, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(open_clip.OPENAI_DATASET_STD, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+        x = visual.conv1((x - mean) / std).flatten(2).transpose(1, 2)  # (2B, 49, 768)
+        cls = visual.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
+        x = visual.ln_pre(torch.cat([cls, x], dim=1) + visual.positional_embedding.to(x.dtype))  # (2B, 50, 768)
+        blocks = visual.transformer.resblocks
+        for block in blocks[: self.intra_layers]:
+            x = block(x)
+        x = torch.cat([x[:B] + self.bef_embedding, x[B:] + self.aft_embedding], dim=1)  # (B, 100, 768)
+        x = self.ln_mid(x + self.joint_positional_embedding)
+        for block in blocks[self.intra_layers :]:
+            x = block(x)
+        return visual.ln_post(x) @ visual.proj  # (B, 100, 512)
+
+    def logits(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        """(B, T) prefix over (B, S, 512) memory -> (B, T, V): the cross encoder re-run over the memory, the
+        decoder over the prefix, every position projected onto the vocabulary (``DecoderModel.forward``)."""
+        T = tokens.shape[1]
+        x = self.emb_norm(F.embedding(tokens, self.clip.token_embedding.weight) + self.clip.positional_embedding[:T])
+        causal = torch.triu(torch.full((T, T), float("-inf"), dtype=x.dtype, device=x.device), 1)
+        for encoder_layer, decoder_layer in zip(self.cross, self.decoder):
+            memory = encoder_layer(memory)  # (B, S, 512): encoder layer i feeds decoder layer i
+            x = decoder_layer(x, memory, tgt_mask=causal)
+        return self.head(self.transform(x))
+
+    @torch.inference_mode()
+    def decode(self, memory: torch.Tensor, max_new_tokens: int = 23) -> torch.Tensor:
+        """Greedy decoding from the visual memory, the prefix re-run at every step; (B, T) ids without [BOS]."""
+        if max_new_tokens + 1 > self.max_len:
+            raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
+        B = memory.shape[0]
+        tokens = torch.full((B, 1), BOS_ID, dtype=torch.long, device=memory.device)
+        finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
+        for _ in range(max_new_tokens):
+            nxt = self.logits(tokens, memory)[:, -1].argmax(dim=-1).masked_fill(finished, 0)  # (B,)
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            finished |= nxt == self.eos_id
+            if bool(finished.all()):
+                break
+        return tokens[:, 1:]
+
+    @torch.inference_mode()
+    def generate_ids(self, images_1: torch.Tensor, images_2: torch.Tensor, max_new_tokens: int = 23) -> torch.Tensor:
+        """End to end from pixels: encode the pair once, then :meth:`decode`."""
+        return self.decode(self.encode(images_1, images_2), max_new_tokens)
+
+
+class _EncoderLayer(nn.Module):
+    """Post-LN encoder layer of the cross encoder (UniVL's ``EncoderLayer``): self-attention, residual, LayerNorm,
+    GELU feed-forward, residual, LayerNorm. (``nn.TransformerEncoderLayer``'s fused eval path reads its linear
+    weights as tensors, which the int8 peer's quantised layers are not.)"""
+
+    def __init__(self, dim: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn), nn.GELU(), nn.Linear(ffn, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x, x, x, need_weights=False)[0])
+        return self.norm2(x + self.ffn(x))
+
+
+def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
+    """The peer converted like namc for ``precision``: ``bf16`` weights, or dynamic int8 for its ``nn.Linear``
+    layers (MLPs, decoder feed-forward, head and vocabulary projection; PyTorch's dynamic flow leaves
+    ``nn.MultiheadAttention``'s projections in fp32). A new module; ``fp32`` returns ``peer``."""
+    import copy
+
+    if precision == "fp32":
+        return peer
+    twin = copy.deepcopy(peer).eval()
+    if precision == "bf16":
+        return twin.to(torch.bfloat16)
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    return quantize_dynamic(twin, {nn.Linear: per_channel_dynamic_qconfig})

@@ -1,0 +1,243 @@
+"""A real OpenAI-compatible chat-completions server for tests and benchmarks (127.0.0.1, a random free port).
+
+It speaks ``POST /v1/chat/completions`` as the ``openai`` client sends it (JSON body, ``messages`` whose content is
+a string or a list of ``text`` / ``image_url`` parts with ``data:`` URLs, which are base64-decoded and checked for
+an image signature: a bad one is a 400) and answers a proper ``chat.completion`` object with ``usage``.
+
+Scripting, per request: the request's text may hold a directive ``[[a,b,c]]``; attempt ``k`` of the same request
+(same text and images) gets action ``k`` (the last one repeats). Actions:
+
+- ``ok``: a template-following description (the ``answer`` callable's, by default :data:`DEFAULT_ANSWER`);
+- ``off``: an off-template one; ``empty``: an empty message;
+- ``429`` or ``429:S``: HTTP 429 with ``Retry-After: S`` (default 0); ``500``: HTTP 500;
+- ``slow``: the ``ok`` answer after ``slow_seconds`` (past the client's timeout in the tests);
+- ``drop``: close the connection without answering.
+
+A request without a directive gets ``ok``. ``latency`` delays every answer (the benchmark's 2 s server).
+
+Run standalone (``python tests/llm_server.py --latency 2``): prints the port on the first line, serves until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import re
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+DEFAULT_ANSWER = (
+    "The difference between the two images is that the first image shows a small red metal cube left of a large "
+    "gray sphere, while the second image shows a small blue metal cube left of a large gray sphere."
+)
+OFF_TEMPLATE_ANSWER = "In the second picture the cube has turned blue."
+_DIRECTIVE = re.compile(r"\[\[([^\]]*)\]\]")
+_SIGNATURES = (b"\x89PNG", b"\xff\xd8", b"GIF8", b"RIFF")
+
+
+class RequestInvalid(ValueError):
+    pass
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 512  # listen backlog: the default 5 refuses connections at concurrency 64
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client killed mid-request is expected here
+            super().handle_error(request, client_address)
+
+
+def parse_request(body: dict[str, Any]) -> tuple[str, list[bytes]]:
+    """``(text, images)`` of a chat request; raises :class:`RequestInvalid` where the protocol is not followed."""
+    if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise RequestInvalid("'model' (string) and 'messages' (non-empty list) are required")
+    texts: list[str] = []
+    images: list[bytes] = []
+    for message in body["messages"]:
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
+            raise RequestInvalid("every message needs a role of system/user/assistant")
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+            continue
+        if not isinstance(content, list):
+            raise RequestInvalid("content must be a string or a list of parts")
+        for part in content:
+            if part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
+                url = part["image_url"].get("url", "")
+                head, _, data = url.partition(",")
+                if not (head.startswith("data:image/") and head.endswith(";base64")):
+                    raise RequestInvalid(f"image_url must be a base64 data URL of an image, got {url[:40]!r}")
+                try:
+                    raw = base64.b64decode(data, validate=True)
+                except (binascii.Error, ValueError):
+                    raise RequestInvalid("image_url data is not valid base64") from None
+                if not raw.startswith(_SIGNATURES):
+                    raise RequestInvalid("image_url data is not an image")
+                images.append(raw)
+            else:
+                raise RequestInvalid(f"unknown content part {str(part)[:60]!r}")
+    return "\n".join(texts), images
+
+
+class LLMServer:
+    """The server, in a background thread. Use as a context manager; ``url`` is the ``/v1`` base URL.
+
+    Args:
+        answer: ``(text, images) -> str``, the ``ok`` answer (default :data:`DEFAULT_ANSWER`).
+        latency: seconds added to every answer.
+        slow_seconds: how long a ``slow`` answer takes.
+    """
+
+    def __init__(
+        self,
+        answer: Callable[[str, list[bytes]], str] | None = None,
+        latency: float = 0.0,
+        slow_seconds: float = 1.0,
+        port: int = 0,
+    ) -> None:
+        self.answer = answer or (lambda text, images: DEFAULT_ANSWER)
+        self.latency = latency
+        self.slow_seconds = slow_seconds
+        self.actions: Counter[str] = Counter()  # what was done, by action
+        self.images_seen = 0
+        self.last_auth: str | None = None  # the Authorization header of the last request
+        self._attempts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"owner": self})
+        self.httpd = _Server(("127.0.0.1", port), handler)
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> LLMServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def next_action(self, text: str, images: list[bytes]) -> str:
+        match = _DIRECTIVE.search(text)
+        if match is None:
+            action = "ok"
+        else:
+            steps = [s.strip() for s in match.group(1).split(",") if s.strip()] or ["ok"]
+            key = hashlib.sha256(text.encode() + b"".join(images)).hexdigest()
+            with self._lock:
+                k = self._attempts[key]
+                self._attempts[key] += 1
+            action = steps[min(k, len(steps) - 1)]
+        with self._lock:
+            self.actions[action.split(":")[0]] += 1
+            self.images_seen += len(images)
+        return action
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client (httpx) expects
+    disable_nagle_algorithm = True  # headers and body go out separately: without this, delayed ACKs add ~40 ms
+    owner: LLMServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout): nothing to answer
+            self.close_connection = True
+
+    def _error(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
+        self._send(status, {"error": {"message": message, "type": kind, "code": status}}, headers)
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            return self._error(404, f"no route {self.path}", "not_found")
+        try:
+            body = json.loads(raw)
+            text, images = parse_request(body)
+        except (json.JSONDecodeError, RequestInvalid, AttributeError) as err:
+            return self._error(400, f"invalid request: {err}", "invalid_request_error")
+        server = self.owner
+        server.last_auth = self.headers.get("Authorization")
+        action = server.next_action(text, images)
+        if server.latency:
+            time.sleep(server.latency)
+        if action == "drop":
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if action.startswith("429"):
+            wait = action.partition(":")[2] or "0"
+            return self._error(429, "rate limited", "rate_limit_error", {"Retry-After": wait})
+        if action == "500":
+            return self._error(500, "internal error", "server_error")
+        if action == "slow":
+            time.sleep(server.slow_seconds)
+        content = {"off": OFF_TEMPLATE_ANSWER, "empty": ""}.get(action)
+        if content is None:
+            content = server.answer(text, images)
+        prompt_tokens = len(text.split()) + 64 * len(images)
+        completion_tokens = len(content.split())
+        self._send(
+            200,
+            {
+                "id": f"chatcmpl-{hashlib.md5(raw).hexdigest()[:24]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                        "logprobs": None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+        )
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a scriptable OpenAI-compatible test server on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0)
+    args = parser.parse_args()
+    server = LLMServer(latency=args.latency, port=args.port)
+    print(server.port, flush=True)
+    server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
