@@ -44,6 +44,7 @@ from namc.lit.modules import _mix
 from namc.lit.negatives import CANDIDATE_SOURCES, NegativePool
 from namc.models.namc import NAMC
 from namc.models.retriever import NegativeRetriever
+from namc.objectives.optim import PREFERENCE_LR
 from namc.objectives.preference import (
     dpo_loss,
     dpo_margin,
@@ -59,8 +60,6 @@ __all__ = ["PREFERENCE_LR", "PreferenceModule"]
 
 logger = logging.getLogger(__name__)
 
-#: ADPO section 5: the captioner's lr 3e-6 to 5e-6 (for a 3B MLLM) and the retriever's 1e-4.
-PREFERENCE_LR = {"policy": 5e-6, "retriever": 1e-4}
 _ENTRY = "namc_preference"
 
 

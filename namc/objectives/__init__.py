@@ -9,12 +9,13 @@
 """
 
 from namc.objectives.caption import caption_loss, finetune_step, sequence_logprob
-from namc.objectives.optim import FINETUNE_LR, PRETRAIN_LR, CosineSchedule, GroupLR, optimizer_groups
+from namc.objectives.optim import FINETUNE_LR, PREFERENCE_LR, PRETRAIN_LR, CosineSchedule, GroupLR, optimizer_groups
 from namc.objectives.preference import dpo_loss, dpo_margin, dpo_reward, reinforce_loss
 from namc.objectives.pretrain import pretrain_step
 
 __all__ = [
     "FINETUNE_LR",
+    "PREFERENCE_LR",
     "PRETRAIN_LR",
     "CosineSchedule",
     "GroupLR",

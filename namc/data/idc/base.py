@@ -3,7 +3,7 @@
 Every loader is a map-style ``torch.utils.data.Dataset`` whose items are::
 
     {"id": str, "image1": Tensor (3, H, W) float in [0, 1], "image2": Tensor (3, H, W),
-     "captions": list[str], "change_type": str | None}
+     "captions": list[str], "change_type": str | tuple[str, ...] | None}   # a tuple: several types (OmniDiff)
 
 Bad input: a malformed annotation file (not UTF-8, invalid JSON, a missing key, a wrong type) raises
 :class:`AnnotationError` naming the file and the line or entry at once. A missing image is found when the dataset
@@ -160,7 +160,7 @@ class BenchmarkDataset(Dataset):
         p1: Path,
         p2: Path,
         captions: list[str],
-        change_type: str | None,
+        change_type: str | tuple[str, ...] | None,
         listing: dict[Path, set[str]],
     ) -> None:
         for p in (p1, p2):
@@ -200,11 +200,12 @@ class BenchmarkDataset(Dataset):
         }
 
     def change_types(self) -> dict[str, int]:
-        """Items per change type (``None`` counted as ``"none"``)."""
+        """Items per change type (``None`` counted as ``"none"``; an item with several types counts under each)."""
         out: dict[str, int] = {}
         for e in self.entries:
-            key = e[4] or "none"
-            out[key] = out.get(key, 0) + 1
+            keys = e[4] if isinstance(e[4], tuple) else (e[4] or "none",)
+            for key in keys:
+                out[key] = out.get(key, 0) + 1
         return out
 
     def _finish(self, root: Path, split: str) -> None:

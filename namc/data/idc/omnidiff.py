@@ -174,7 +174,7 @@ class OmniDiff(BenchmarkDataset):
             p2 = _relative_path(entry.get("image2"), folder, path, name, "image2")
             types = _types(entry, path, name)
             unknown.update(t for t in types if t not in CHANGE_TYPES)
-            self._add(item_id, p1, p2, _captions(entry, path, name), types, listing)  # type: ignore[arg-type]
+            self._add(item_id, p1, p2, _captions(entry, path, name), types, listing)
         if unknown:
             logger.warning(
                 "%s: change types outside OmniDiff's 12 (kept as written): %s", path, ", ".join(sorted(unknown))
