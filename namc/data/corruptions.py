@@ -168,7 +168,21 @@ def replace_words(caption: str, rate: float, vocabulary: Sequence[str], rng: ran
     return " ".join(words)
 
 
-class CorruptedView(Dataset):
+class _View(Dataset):
+    """A wrapped split: its length, and every other attribute (entries, issues, change_types) read through."""
+
+    dataset: Dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class CorruptedView(_View):
     """A benchmark split whose two images are corrupted (seeded per item id and image slot).
 
     Args:
@@ -184,14 +198,6 @@ class CorruptedView(Dataset):
         _check_severity(severity)
         self.dataset, self.name, self.severity, self.seed = dataset, name, severity, seed
 
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:  # entries, issues, change_types of the wrapped split
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         item = self.dataset[index]
         if item is None:
@@ -203,7 +209,7 @@ class CorruptedView(Dataset):
         return out
 
 
-class CaptionNoiseView(Dataset):
+class CaptionNoiseView(_View):
     """A training split whose captions have ``rate`` of their words replaced (seeded per item id and caption).
 
     Args:
@@ -218,14 +224,6 @@ class CaptionNoiseView(Dataset):
             raise ValueError(f"caption noise rate must be in [0, 1], got {rate}")
         self.dataset, self.rate, self.seed = dataset, float(rate), seed
         self.vocabulary = sorted(set(vocabulary))
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         item = self.dataset[index]
