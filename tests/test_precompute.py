@@ -205,3 +205,42 @@ def test_corpus_datamodule_feeds_precomputed_targets_so_the_frozen_encoders_neve
     assert 0 < half.train_dataloader().dataset.per_reader < full
     with pytest.raises(ValueError, match="after sources/fraction"):
         CorpusDataModule(**kw, sources=["elsewhere"]).train_dataloader()
+
+
+def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """Targets made with other VQGAN weights, another codebook size or another ResNet are named before training."""
+    import lightning.pytorch as pl
+
+    from namc.lit import PretrainModule
+    from namc.lit.datamodules import CorpusDataModule
+    from namc.lit.precompute import main
+
+    shards = _copy(corpus[0], tmp_path / "shards")
+    assert main(_args(shards, corpus[1], corpus[2])) == 0
+    c = model_config("namc_tiny")
+    torch.manual_seed(1)
+    other_vq, other_grid = tmp_path / "other_vqgan.safetensors", tmp_path / "other_resnet.safetensors"
+    save_safetensors(VQGANTokenizer(c.vqgan_ddconfig, c.vqgan_n_embed, c.vqgan_embed_dim).state_dict(), other_vq)
+    save_safetensors(timm.create_model(c.grid_model, pretrained=False, **c.grid_kwargs).state_dict(), other_grid)
+    same = {"vqgan_pretrained": str(corpus[1]), "grid_pretrained": str(corpus[2])}
+    cases = [
+        ({**same, "vqgan_pretrained": str(other_vq)}, "codes made with VQGAN weights"),
+        ({**same, "grid_pretrained": str(other_grid)}, "grids made with weights"),
+        # a random VQGAN (a weights file of another size is the strict loader's error): the codebook size counts
+        ({"vqgan_n_embed": c.vqgan_n_embed // 2}, f"{c.vqgan_n_embed} codes, the model's has"),
+    ]
+    for overrides, message in cases:
+        dm = CorpusDataModule(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48,
+                              max_caption_len=64, shuffle_buffer=0)  # fmt: skip
+        module = PretrainModule("namc_tiny", overrides={"dim": 32, "heads": 2, **overrides})
+        trainer = pl.Trainer(accelerator="cpu", devices=1, fast_dev_run=1, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=str(tmp_path))  # fmt: skip
+        with pytest.raises(ValueError, match=r"shard-000000\.targets\.json: .*" + message) as err:
+            trainer.fit(module, datamodule=dm)
+        assert "namc data precompute" in str(err.value)
+    # a random VQGAN of the same size and the same ResNet weights: the targets are used
+    dm = CorpusDataModule(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48,
+                          max_caption_len=64, shuffle_buffer=0)  # fmt: skip
+    module = PretrainModule("namc_tiny", overrides={"dim": 32, "heads": 2, "grid_pretrained": str(corpus[2])})
+    pl.Trainer(accelerator="cpu", devices=1, fast_dev_run=1, logger=False, enable_progress_bar=False,
+               enable_model_summary=False, default_root_dir=str(tmp_path)).fit(module, datamodule=dm)  # fmt: skip

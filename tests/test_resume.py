@@ -10,6 +10,7 @@ training step after the checkpoint of step ``$NAMC_TEST_KILL_AT`` is on disk; ea
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -41,6 +42,11 @@ KILL_ENV = "NAMC_TEST_KILL_AT"  # optimizer step after whose checkpoint KillAt k
 FAIL_ENV = "NAMC_TEST_FAIL_AT"  # "rank:step": FailAt raises there
 FSIZE_ENV = "NAMC_TEST_FSIZE_AT"  # "step:bytes": LimitFileSize kills the checkpoint write of that step
 TIMEOUT = 240  # seconds for one run: a hang fails the test instead of blocking the suite
+
+# Every process of a job imports this module (its callbacks are named in the run's config) before it starts
+# training, and DataLoader workers fork after that: a SIGUSR1 to the job (``_dump_group_stacks``, on a timeout)
+# makes each print where its threads wait, so a hang fails with a diagnosis rather than a bare timeout.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 # ------------------------------------------------------------------------------------------------ callbacks
@@ -170,9 +176,12 @@ def run_fit(
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = _dump_group_stacks(proc.pid)
         _kill_group(proc.pid)
         out, _ = proc.communicate()
-        raise AssertionError(f"namc fit did not end within {timeout} s:\n{out[-4000:]}") from None
+        raise AssertionError(
+            f"namc fit did not end within {timeout} s; processes of the job: {stacks}\n{out[-12000:]}"
+        ) from None
     deadline = time.monotonic() + 30
     while _group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -186,6 +195,32 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _group_members(pgid: int) -> list[str]:
+    """``pid command`` of every live process of the group (from /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
+                cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                members.append(f"{stat.parent.name} [{fields[0]}] {cmd[:120]}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return members
+
+
+def _dump_group_stacks(pgid: int) -> list[str]:
+    """SIGUSR1 to the group: every process of the job prints the Python stack of each of its threads to the job's
+    output (the handler registered at the top of this module); returns the members, listed first."""
+    members = _group_members(pgid)
+    try:
+        os.killpg(pgid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return members
+    time.sleep(3)  # the dumps reach the pipe
+    return members
 
 
 def _kill_group(pgid: int) -> bool:

@@ -5,13 +5,16 @@ fractions and, on validation, NIM's noise AUROC."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from namc.data.corpus.targets import check_targets
 from namc.eval.noise import auroc, noise_scores
 from namc.lit.modules import NAMCModule, _check_part_files, _memoised, _mix
 from namc.models import create_model
+from namc.models.files import file_digest
 from namc.objectives import PRETRAIN_LR, pretrain_step
 from namc.ops.distributed import all_gather_with_grad, distributed_ready, gather_objects
 from namc.text.tokenizer import CaptionTokenizer
@@ -115,6 +118,24 @@ class PretrainModule(NAMCModule):
             raise ValueError(
                 "cache_codes / cache_grids memoise per pair id, which image swapping breaks: set swap_prob: 0"
             )
+        if stage in ("fit", "validate") and getattr(dm, "precomputed", False):
+            self._check_precomputed([getattr(dm, "train_path", None), getattr(dm, "val_path", None)])
+
+    def _check_precomputed(self, corpora: list[str | None]) -> None:
+        """The corpus's precomputed targets come from this model's frozen VQGAN and grid encoder (before training,
+        not as a wrong loss or an out-of-range code deep in the run)."""
+        corpora = [p for p in corpora if p is not None and Path(p).is_dir() and any(Path(p).glob("*.targets.json"))]
+        if not corpora:
+            return
+        c = self.model.config
+        digest = {}
+        for key in ("vqgan_pretrained", "grid_pretrained"):
+            path = getattr(c, key)
+            digest[key] = file_digest(Path(path))["sha256"] if path and Path(path).is_file() else None
+        grid_used = not c.grid_trainable
+        for corpus in corpora:
+            check_targets(corpus, c.vqgan_n_embed, digest["vqgan_pretrained"], c.grid_model if grid_used else None,
+                          digest["grid_pretrained"])  # fmt: skip
 
     def _generator(self, batch_idx: int, stage: int) -> torch.Generator:
         g = torch.Generator(device=self.device)

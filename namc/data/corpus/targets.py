@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ShardTargets", "read_targets", "targets_path"]
+__all__ = ["ShardTargets", "check_targets", "read_targets", "targets_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,3 +86,68 @@ def read_targets(shard: Path, image_size: int | None) -> ShardTargets | None:
     if codes.shape[0] != len(keys) or (grids is not None and grids.shape[0] != len(keys)):
         raise ValueError(f"{meta_path}: {len(keys)} keys but arrays of {codes.shape[0]} rows")
     return ShardTargets({k: i for i, k in enumerate(keys)}, codes, grids, meta)
+
+
+def check_targets(
+    corpus: str | Path,
+    n_embed: int,
+    vqgan_sha256: str | None,
+    grid_model: str | None = None,
+    grid_sha256: str | None = None,
+) -> int:
+    """Check that the precomputed targets of a corpus were made by the frozen encoders the model trains with.
+
+    Codes from another VQGAN (other weights or codebook size) or grids from another ResNet would train silently
+    against the wrong targets, or fail deep in the run on a code past the codebook; this check runs once, before
+    training, and reads only the small ``targets.json`` of each shard.
+
+    Args:
+        corpus: a folder of packed shards (a JSONL manifest has no precomputed targets: nothing to check).
+        n_embed: the model's VQGAN codebook size.
+        vqgan_sha256: SHA-256 of the model's VQGAN weights file; None: the model's VQGAN is randomly initialised,
+            so only the codebook size is compared.
+        grid_model, grid_sha256: the model's frozen grid encoder and its weights' SHA-256, when precomputed grids
+            would be used (None: they are not, e.g. the grid encoder trains).
+
+    Returns:
+        How many shards carry targets.
+
+    Raises:
+        ValueError: naming the first shard whose targets do not match, and what to do.
+    """
+    folder = Path(corpus)
+    if not folder.is_dir():
+        return 0
+    found = 0
+    for shard in sorted(folder.glob("*.tar")):
+        meta_path = targets_path(shard, "targets.json")
+        if not meta_path.is_file():
+            continue
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # read_targets warns about it and the encoders compute that shard's targets
+        found += 1
+        codes = meta.get("codes") or {}
+        redo = "rerun `namc data precompute` with the model's weights, or set CorpusDataModule precomputed: false"
+        if codes.get("n_embed") != n_embed:
+            raise ValueError(
+                f"{meta_path}: codes from a VQGAN with {codes.get('n_embed')} codes, the model's has {n_embed}: {redo}"
+            )
+        if vqgan_sha256 is not None and codes.get("weights") != vqgan_sha256:
+            raise ValueError(
+                f"{meta_path}: codes made with VQGAN weights sha256 {str(codes.get('weights'))[:12]}..., the model "
+                f"loads sha256 {vqgan_sha256[:12]}...: {redo}"
+            )
+        grids = meta.get("grids")
+        if grids and grid_model is not None:
+            if grids.get("model") != grid_model:
+                raise ValueError(
+                    f"{meta_path}: grids of a {grids.get('model')}, the model's grid encoder is {grid_model}: {redo}"
+                )
+            if grid_sha256 is not None and grids.get("weights") != grid_sha256:
+                raise ValueError(
+                    f"{meta_path}: grids made with weights sha256 {str(grids.get('weights'))[:12]}..., the model "
+                    f"loads sha256 {grid_sha256[:12]}...: {redo}"
+                )
+    return found
