@@ -268,7 +268,9 @@ def test_describe_reads_its_yaml_section(shapes: dict, tmp_path: Path, capsys: p
     _write_pairs(pairs, shapes, 2)
     config = tmp_path / "pipeline.yaml"
     config.write_text(f"workdir: {tmp_path}\ndescribe:\n  concurrency: 3\n  max_attempts: 2\n  rpm: 600\n")
-    assert describe_cli.main(["--config", str(config), "--print_config"]) == 0
+    with pytest.raises(SystemExit) as end:  # --print_config exits like --help
+        describe_cli.main(["--config", str(config), "--print_config"])
+    assert end.value.code == 0
     printed = capsys.readouterr().out
     assert "concurrency: 3" in printed and "max_attempts: 2" in printed and "rpm: 600" in printed
     with LLMServer() as server:

@@ -281,7 +281,7 @@ def test_index_cli_with_config(tmp_path: Path, capsys: pytest.CaptureFixture[str
         f"workdir: {tmp_path / 'w'}\nsources:\n  - {{name: own, kind: image_folder, root: {imgs}}}\n"
         "index:\n  verify: full\n"
     )
-    assert curate_main(["index", "--config", str(config), "--print_config"]) == 0
+    assert _exit_status(["index", "--config", str(config), "--print_config"]) == 0  # prints, exits like --help
     assert "verify: full" in capsys.readouterr().out
     assert curate_main(["index", "--config", str(config), "--no_progress"]) == 0
     assert "indexed 3 images and 0 pairs" in capsys.readouterr().out
@@ -294,11 +294,29 @@ def test_index_cli_with_config(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "unknown kind 'nokind'" in capsys.readouterr().err
 
 
+def _exit_status(argv: list[str]) -> int:
+    """The status a step's ``--print_config`` or YAML error exits with (argparse's way: SystemExit)."""
+    with pytest.raises(SystemExit) as end:
+        curate_main(argv)
+    return int(end.value.code or 0)
+
+
+def test_a_pipeline_yaml_error_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("index:\n  verfy: full\n")
+    assert _exit_status(["index", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("namc curate index: error:") and f"{config}: section 'index' has unknown key 'verfy'" in err
+    config.write_text("index: [not, a, mapping]\n")
+    assert _exit_status(["index", "--config", str(config)]) == 2
+    assert str(config) in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_pipeline_yaml_parses_for_index_and_pairs(capsys: pytest.CaptureFixture[str]) -> None:
     config = Path(__file__).resolve().parents[1] / "configs" / "curate" / "pipeline.yaml"
-    assert curate_main(["index", "--config", str(config), "--print_config"]) == 0
+    assert _exit_status(["index", "--config", str(config), "--print_config"]) == 0
     out = capsys.readouterr().out
     assert "kind: ip2p_folder" in out and "verify: full" in out
-    assert curate_main(["pairs", "--config", str(config), "--print_config"]) == 0
+    assert _exit_status(["pairs", "--config", str(config), "--print_config"]) == 0
     out = capsys.readouterr().out
     assert "tau_max: 0.95" in out and "tau_min_dino: 0.78" in out and "set_test: topk" in out

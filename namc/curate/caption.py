@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.describe import count_lines, summary_path
 from namc.curate.llm import (
     BadInput,
@@ -141,13 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        args = parse_with_config(build_parser(), argv, "caption")
-    except ConfigError as err:
-        print(f"namc curate caption: {err}", file=sys.stderr)
-        return 2
-    if args is None:
-        return 0
+    args = parse_with_config(build_parser(), argv, "caption")
     source = args.pairs or args.images or (args.workdir / "images.jsonl" if args.workdir else None)
     if source is None or not source.is_file():
         print(f"namc curate caption: input not found: {source} (give --images or --pairs)", file=sys.stderr)

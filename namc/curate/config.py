@@ -87,14 +87,13 @@ def _spellings(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     return out
 
 
-def parse_with_config(
-    parser: argparse.ArgumentParser, argv: Sequence[str] | None, section: str
-) -> argparse.Namespace | None:
+def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None, section: str) -> argparse.Namespace:
     """Parses ``argv`` with defaults taken from ``section`` of ``--config``: defaults < YAML < flags.
 
-    Returns None after printing the settings when ``--print_config`` was given (the caller exits 0). Raises
-    :class:`ConfigError` on an unknown key; a YAML value goes through the option's ``type`` like a flag would, so a
-    path in the YAML becomes a ``Path`` exactly as on the command line.
+    A YAML value goes through the option's ``type`` like a flag would, so a path in the YAML becomes a ``Path``
+    exactly as on the command line. The YAML's errors end the process as argparse's own do: an unknown key or an
+    unreadable file is ``parser.error`` (usage and one line on stderr, exit status 2), and ``--print_config`` prints
+    the settings and exits 0, like ``--help``.
     """
     argv = _spellings(parser, list(sys.argv[1:] if argv is None else argv))
     pre = argparse.ArgumentParser(add_help=False)
@@ -102,7 +101,10 @@ def parse_with_config(
     first, _ = pre.parse_known_args(argv)
     actions = _dests(parser)
     if first.config is not None:
-        values = load_section(first.config, section)
+        try:
+            values = load_section(first.config, section)
+        except ConfigError as err:
+            parser.error(str(err))
         defaults = {}
         for key, value in values.items():
             dest = key.replace("-", "_")
@@ -110,7 +112,7 @@ def parse_with_config(
                 if key in SHARED_KEYS:
                     continue  # a shared key this step does not use
                 known = ", ".join(sorted(actions))
-                raise ConfigError(f"{first.config}: section {section!r} has unknown key {key!r} (known: {known})")
+                parser.error(f"{first.config}: section {section!r} has unknown key {key!r} (known: {known})")
             action = actions[dest]
             if action.type is not None and value is not None:
                 value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
@@ -131,5 +133,5 @@ def parse_with_config(
             for k, v in settings.items()
         }
         print(yaml.safe_dump({section: settings}, sort_keys=False), end="")
-        return None
+        parser.exit(0)
     return args

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.llm import (
     BadInput,
     Job,
@@ -198,13 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for name in ("httpx", "httpx2"):  # one INFO line per request otherwise
         logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        args = parse_with_config(build_parser(), argv, "describe")
-    except ConfigError as err:
-        print(f"namc curate describe: {err}", file=sys.stderr)
-        return 2
-    if args is None:
-        return 0
+    args = parse_with_config(build_parser(), argv, "describe")
     pairs, out = _paths(args)
     config = client_config(args)
     captions = load_captions(args.captions) if args.captions else {}

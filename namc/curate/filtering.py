@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.llm.store import atomic_write_text, last_results, read_at
 from namc.data.corpus.records import parse_record
 from namc.data.refs import rebase_ref
@@ -164,13 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        args = parse_with_config(build_parser(), argv, "filter")
-    except ConfigError as err:
-        print(f"namc curate filter: {err}", file=sys.stderr)
-        return 2
-    if args is None:
-        return 0
+    args = parse_with_config(build_parser(), argv, "filter")
     if args.results is None and args.workdir is None:
         print("namc curate filter: give --results (or --workdir holding descriptions.jsonl)", file=sys.stderr)
         return 2

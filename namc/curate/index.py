@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.sources import ImageItem, PairItem, SourceSpec, check_image, iter_source
 from namc.data.issues import DataIssues, IssueKind, RecordError
 from namc.data.transforms import MAX_IMAGE_PIXELS, pixel_cap_arg
@@ -202,10 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_with_config(build_parser(), argv, "index")
-        if args is None:
-            return 0
         report = build_index(args.sources, args.workdir, args.verify, args.max_image_pixels, not args.no_progress)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError) as err:
         print(f"namc curate index: {err}", file=sys.stderr)
         return 1
     print(report.summary())

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.encoders import TINY_CLIP_CONFIG, TINY_DINO_KWARGS, ImageEncoder, build_clip, build_dino
 from namc.curate.features import FeaturesError, check_meta, shard_path, tally, write_meta, write_shard
 from namc.data.corpus.records import IMAGE_ERRORS
@@ -348,14 +348,7 @@ def _summary(job: EmbedJob, complete_before: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``namc curate embed``; returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parse_with_config(parser, argv, "embed")
-    except ConfigError as err:
-        print(f"namc curate embed: {err}", file=sys.stderr)
-        return 2
-    if args is None:
-        return 0
+    args = parse_with_config(build_parser(), argv, "embed")
     images = args.images or args.workdir / "images.jsonl"
     out = args.out or args.workdir / "features"
     try:

@@ -35,7 +35,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.features import atomic_save_npy
 from namc.data.corpus import CorpusDataset
 from namc.data.corpus.records import IMAGE_ERRORS, RecordError
@@ -229,14 +229,7 @@ class PrecomputeJob:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``namc data precompute``; returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parse_with_config(parser, argv, "precompute")
-    except ConfigError as err:
-        print(f"namc data precompute: {err}", file=sys.stderr)
-        return 2
-    if args is None:
-        return 0
+    args = parse_with_config(build_parser(), argv, "precompute")
     try:
         shards = list_shards(args.shards)
         vqgan, grid, settings = _parts(args)

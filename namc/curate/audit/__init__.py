@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from namc.curate.audit.report import render_html, thumbnail_url
 from namc.curate.audit.score import flag_spans, score_manifest
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.data.issues import DataIssues
 from namc.data.refs import read_ref, rebase_ref
 from namc.eval.noise import auroc
@@ -227,13 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        args = parse_with_config(build_parser(), argv, "audit")
-    except ConfigError as err:
-        print(f"namc curate audit: {err}", file=sys.stderr)
-        return 2
-    if args is None:
-        return 0
+    args = parse_with_config(build_parser(), argv, "audit")
     manifest = args.manifest or (args.workdir / "manifest.jsonl" if args.workdir else None)
     if args.model is None or manifest is None or not manifest.is_file():
         print(f"namc curate audit: give --model and an existing --manifest (got {manifest})", file=sys.stderr)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from namc.curate.config import ConfigError, add_config_arguments, parse_with_config
+from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.features import FeaturesError, load_features, read_meta
 from namc.curate.mining.candidates import Thresholds
 from namc.curate.mining.pipeline import MiningConfig, Pair, mine_pairs
@@ -150,8 +150,6 @@ def write_pairs(pairs: list[Pair], keys: list[str], images: Path, out: Path) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_with_config(build_parser(), argv, "pairs")
-        if args is None:
-            return 0
         work: Path = args.workdir
         clip_dir = args.clip or work / "features" / "clip"
         dino_dir = args.dino or work / "features" / "dino"
@@ -188,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary.update(pairs_written=n, keys_in_one_encoder_only=unaligned, out=str(out), **dropped)
         summary_path = out.with_name("pairs_summary.json")
         summary_path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    except (ConfigError, FeaturesError, FileNotFoundError, ValueError) as err:
+    except (FeaturesError, FileNotFoundError, ValueError) as err:
         print(f"namc curate pairs: {err}", file=sys.stderr)
         return 1
     print(
