@@ -9,26 +9,15 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from test_extensions import TINY, _pair_batch  # the same tiny model and fine-tuning batch as the fusion registry's
 
 import namc
-from namc.data.collate import CaptionCollator, PretrainCollator
+from namc.data.collate import PretrainCollator
 from namc.models import create_fusion, list_fusions
 from namc.models.fusion import ConcatFusion, MDPFusion
 from namc.models.io import WeightsError
 from namc.models.mir import MIR, MIRConfig
 from namc.objectives import finetune_step, pretrain_step
-
-TINY = dict(dim=32, heads=2, dropout=0.0, pretraining=False)
-
-
-def _pair_batch(model: namc.NAMC, n: int = 3) -> dict:
-    g = torch.Generator().manual_seed(0)
-    items = [
-        {"id": str(i), "image1": torch.rand(3, 64, 64, generator=g), "image2": torch.rand(3, 64, 64, generator=g),
-         "captions": ["the red cube has moved"], "change_type": None}
-        for i in range(n)
-    ]  # fmt: skip
-    return CaptionCollator(model.tokenizer, model.config.max_caption_len)(items)
 
 
 def test_the_default_stays_concat_and_the_preset_uses_mdp() -> None:
@@ -91,7 +80,7 @@ def test_scales_are_summed_with_sigmoid_scores_eqs_7_8() -> None:
 def test_mdp_trains_inside_namc_and_every_parameter_gets_a_gradient(mir_layers: int) -> None:
     torch.manual_seed(0)
     model = namc.create_model("namc_tiny", fusion="mdp", mir_layers=mir_layers, **TINY)
-    loss = finetune_step(model, _pair_batch(model))["loss"]
+    loss = finetune_step(model, _pair_batch(model, 3))["loss"]
     assert torch.isfinite(loss)
     loss.backward()
     unused = {"ln_scale.weight", "ln_scale.bias"} if mir_layers == 1 else set()  # no shallower scale to normalise
@@ -120,7 +109,7 @@ def test_mdp_pretraining_step_runs_with_masked_mir() -> None:
 def test_mdp_saves_and_loads_strictly(tmp_path) -> None:
     torch.manual_seed(0)
     model = namc.create_model("namc_tiny", fusion="mdp", **TINY).eval()
-    batch = _pair_batch(model)
+    batch = _pair_batch(model, 3)
     ids = model.generate_ids(batch["image1"], batch["image2"], max_new_tokens=6)
     folder = model.save_pretrained(tmp_path / "m")
     again = namc.from_pretrained(folder)
