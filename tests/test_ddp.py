@@ -174,3 +174,18 @@ def test_ddp_validation_metrics_equal_a_single_process(tmp_path: Path) -> None:
     assert "val/cider" in single
     for key in ("val/cider", "val/bleu4", "val/meteor", "val/rouge_l"):
         assert ddp[key] == pytest.approx(single[key], abs=1e-6), key
+
+
+def test_ddp_ranks_start_their_workers_from_a_fork_server() -> None:
+    """A rank's threads (gloo's, Lightning's observer) make a plain fork of its DataLoader workers unsafe (a worker
+    once hung inside os.fork() in tests/test_resume.py): under DDP workers come from a fork server that has torch and
+    namc's data modules preloaded; one process keeps fork, and no workers need no context."""
+    from types import SimpleNamespace
+
+    from namc.lit.datamodules import _workers
+
+    assert _workers(None, 2) == {"num_workers": 2}
+    assert _workers(SimpleNamespace(global_rank=0, world_size=1), 2) == {"num_workers": 2}
+    assert _workers(SimpleNamespace(global_rank=1, world_size=2), 0) == {"num_workers": 0}
+    args = _workers(SimpleNamespace(global_rank=1, world_size=2), 2)
+    assert args["num_workers"] == 2 and args["multiprocessing_context"].get_start_method() == "forkserver"

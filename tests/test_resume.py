@@ -179,8 +179,11 @@ def run_fit(
         stacks = _dump_group_stacks(proc.pid)
         _kill_group(proc.pid)
         out, _ = proc.communicate()
+        log = config.parent / f"hang-{time.strftime('%H%M%S')}.log"
+        log.write_text(out)
         raise AssertionError(
-            f"namc fit did not end within {timeout} s; processes of the job: {stacks}\n{out[-12000:]}"
+            f"namc fit did not end within {timeout} s; processes of the job: {stacks}; whole output in {log}:\n"
+            f"{out[-12000:]}"
         ) from None
     deadline = time.monotonic() + 30
     while _group_alive(proc.pid) and time.monotonic() < deadline:
