@@ -128,26 +128,22 @@ def check_targets(
         except (OSError, ValueError):
             continue  # read_targets warns about it and the encoders compute that shard's targets
         found += 1
-        codes = meta.get("codes") or {}
-        redo = "rerun `namc data precompute` with the model's weights, or set CorpusDataModule precomputed: false"
-        if codes.get("n_embed") != n_embed:
-            raise ValueError(
-                f"{meta_path}: codes from a VQGAN with {codes.get('n_embed')} codes, the model's has {n_embed}: {redo}"
-            )
-        if vqgan_sha256 is not None and codes.get("weights") != vqgan_sha256:
-            raise ValueError(
-                f"{meta_path}: codes made with VQGAN weights sha256 {str(codes.get('weights'))[:12]}..., the model "
-                f"loads sha256 {vqgan_sha256[:12]}...: {redo}"
-            )
-        grids = meta.get("grids")
+        codes, grids = meta.get("codes") or {}, meta.get("grids")
+        checks = [
+            ("codes from a VQGAN with {} codes, the model's has {}", codes.get("n_embed"), n_embed),
+            ("codes made with VQGAN weights sha256 {:.12}..., the model loads {:.12}...", codes.get("weights"),
+             vqgan_sha256),
+        ]  # fmt: skip
         if grids and grid_model is not None:
-            if grids.get("model") != grid_model:
+            checks += [
+                ("grids of a {}, the model's grid encoder is {}", grids.get("model"), grid_model),
+                ("grids made with weights sha256 {:.12}..., the model loads {:.12}...", grids.get("weights"),
+                 grid_sha256),
+            ]  # fmt: skip
+        for message, made, expected in checks:
+            if expected is not None and made != expected:
                 raise ValueError(
-                    f"{meta_path}: grids of a {grids.get('model')}, the model's grid encoder is {grid_model}: {redo}"
-                )
-            if grid_sha256 is not None and grids.get("weights") != grid_sha256:
-                raise ValueError(
-                    f"{meta_path}: grids made with weights sha256 {str(grids.get('weights'))[:12]}..., the model "
-                    f"loads sha256 {grid_sha256[:12]}...: {redo}"
+                    f"{meta_path}: {message.format(str(made), str(expected))}: rerun `namc data precompute` with the "
+                    "model's weights, or set CorpusDataModule precomputed: false"
                 )
     return found
