@@ -151,11 +151,18 @@ def test_two_variant_two_seed_study_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     path = _study(tmp_path)
     out = tmp_path / "out"
+    stale = out / "runs" / "a" / "seed0" / "finetune" / "checkpoints" / "best-epoch99.ckpt"  # a killed attempt's
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"not this run's")
     assert experiment_main(["run", str(path), "--out", str(out), "--fast", "--jobs", "2", "--quiet", "--no-plots"]) == 0
     rows = read_results(out)
     assert sorted((r["variant"], r["seed"]) for r in rows) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert all({"test/CIDEr-D", "test/BLEU-4", "test/METEOR"} <= set(r["metrics"]) for r in rows)
-    assert all(r["stages"]["test"]["checkpoint"].startswith("best-") for r in rows)
+    assert all(r["stages"]["test"]["checkpoint"].startswith("best-") for r in rows) and not stale.exists()
+    for r in rows:  # how many different captions the model wrote, and the share of the most frequent one
+        m = r["metrics"]
+        assert m["test/distinct_captions"] >= 1 and m["test/distinct_captions"] == int(m["test/distinct_captions"])
+        assert 1 / m["test/distinct_captions"] <= m["test/top_caption_share"] <= 1
     a = [r["metrics"]["test/CIDEr-D"] for r in rows if r["variant"] == "a"]
     mean, sd = statistics.mean(a), statistics.stdev(a)
     text = (out / "report.md").read_text()
@@ -165,6 +172,13 @@ def test_two_variant_two_seed_study_end_to_end(tmp_path, monkeypatch):
     assert experiment_main(["run", str(path), "--out", str(out), "--fast", "--quiet", "--no-plots"]) == 0
     assert (out / "results.jsonl").read_text() == before
     assert json.loads(before.splitlines()[0])["config_hash"]
+
+
+def test_caption_spread_counts_the_captions_of_a_test_file():
+    item = lambda p: {"id": p, "prediction": p[0], "references": ["x"]}  # noqa: E731
+    data = {"scores": {}, "captions": [item("a1"), item("b2"), item("a3"), item("a4")]}
+    assert runner_mod.caption_spread(data) == {"test/distinct_captions": 2.0, "test/top_caption_share": 0.75}
+    assert runner_mod.caption_spread({"scores": {}}) == {}
 
 
 def test_masking_none_is_the_papers_without_nim():

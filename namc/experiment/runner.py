@@ -26,10 +26,12 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import UTC, datetime
 from pathlib import Path
@@ -145,7 +147,7 @@ def _namc(args: list[str], log: Path, cwd: Path) -> float:
 
 
 def _best_checkpoint(folder: Path) -> Path:
-    best = sorted(folder.glob("best-*.ckpt"))
+    best = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)  # the newest (not "epoch9" > "39")
     if best:
         return best[-1]
     last = folder / "last.ckpt"
@@ -211,6 +213,8 @@ class _Runner:
             metrics.update(info["metrics"])
             apply_overrides(fine, {"model.init_args.pretrained": info["model"]})
         ft_root = root / "finetune"
+        for stale in (ft_root, root / "test"):  # an earlier attempt of this run (other configs, or killed): its
+            shutil.rmtree(stale, ignore_errors=True)  # checkpoints must not be taken for this one's
         path = _dump(root / "finetune.yaml", _with_outputs(fine, ft_root, "fit", seed))
         stages["finetune"] = {"wall_s": _namc(["fit", "--config", str(path)], root / "finetune.log", self.cwd)}
         fit_csv = _last_csv_values(ft_root / "logs" / "fit" / "metrics.csv")
@@ -237,12 +241,30 @@ def _test_scores(path: Path) -> dict[str, float]:
     """``test/<metric>`` (x100, as logged) and ``test/CIDEr-D_<type>`` from the test captions file."""
     if not path.exists():
         raise RunError(f"the test run wrote no scores ({path} is missing)")
-    scores = json.loads(path.read_text(encoding="utf-8"))["scores"]
+    data = json.loads(path.read_text(encoding="utf-8"))
+    scores = data["scores"]
     out = {f"test/{k}": float(v) for k, v in scores.get("overall", {}).items() if isinstance(v, (int, float))}
     for ctype, per in (scores.get("per_type") or {}).items():
         if isinstance(per.get("CIDEr-D"), (int, float)):
             out[f"test/CIDEr-D_{ctype}"] = float(per["CIDEr-D"])
-    return out
+    return {**out, **caption_spread(data)}
+
+
+def caption_spread(data: dict[str, Any]) -> dict[str, float]:
+    """``test/distinct_captions`` and ``test/top_caption_share`` (the most frequent caption's share of the pairs) of
+    a test captions file: a model that writes one caption for every pair scores whatever that caption happens to
+    match, so a miniature table needs these beside its CIDEr-D. Empty when the file lists no captions."""
+    captions = [
+        str(item.get("prediction"))
+        for key, items in data.items()
+        if key != "scores" and isinstance(items, list)
+        for item in items
+        if isinstance(item, dict) and "prediction" in item
+    ]
+    if not captions:
+        return {}
+    top = Counter(captions).most_common(1)[0][1]
+    return {"test/distinct_captions": float(len(set(captions))), "test/top_caption_share": top / len(captions)}
 
 
 def run_study(study: Study, out: str | Path, jobs: int = 1, progress: bool = True) -> tuple[list[dict], list[str]]:
