@@ -1,9 +1,9 @@
 """Where the time of greedy decoding goes: FDG's KV-cached generation of one preset at one precision and batch size.
 
 Prints the median time of ``fdg.generate`` over random memory (the MIR output shape of the preset), tokens/s, and the
-torch profiler's operators by self CPU time for one call; ``--argmax`` also times the ways of taking each row's
-best id over the vocabulary (the choice behind :func:`namc.models.fdg.greedy_ids`). Random weights: the time of a
-call does not depend on them (EOS is never produced early because the length is fixed with ``--tokens``).
+torch profiler's operators by self CPU time for one call. Random weights: the time of a call does not depend on
+them (EOS is disabled, so every call makes exactly ``--tokens`` tokens). Profiles taken while other jobs run show
+where time goes, not how fast it goes: compare changes with interleaved timings in one process.
 
     OMP_WAIT_POLICY=PASSIVE python tools/profile_decode.py --model namc_base --precision bf16 --batch 32 --threads 1
 """
@@ -39,7 +39,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rows", type=int, default=25, help="operators listed")
-    p.add_argument("--argmax", action="store_true", help="also time argmax against max(-1).indices")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     model = inference_copy(namc.create_model(args.model).eval(), args.precision)
@@ -61,13 +60,6 @@ def main() -> None:
             fdg.generate(memory, args.tokens)
     fdg.eos_id = eos
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
-    if args.argmax:
-        with torch.inference_mode():
-            for dtype in (torch.float32, torch.bfloat16):
-                x = torch.randn(args.batch, fdg.tok.weight.shape[0]).to(dtype)
-                a = _median_ms(lambda x=x: x.argmax(-1), 20)
-                b = _median_ms(lambda x=x: x.float().max(-1).indices, 20)
-                print(f"best id of {tuple(x.shape)} {dtype}: argmax {a:.2f} ms, float().max(-1).indices {b:.2f} ms")
 
 
 if __name__ == "__main__":

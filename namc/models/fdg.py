@@ -235,7 +235,7 @@ class FDG(nn.Module):
                 logits = step(tokens[:, 0], t, caches, cross_kv, memory_mask, fused)  # (b, V)
             else:
                 logits = self._step(tokens, t, caches, cross_kv, memory_mask)  # (b, V)
-            nxt = greedy_ids(logits).masked_fill(finished, self.pad_id)  # (b,)
+            nxt = logits.argmax(dim=-1).masked_fill(finished, self.pad_id)  # (b,)
             out[rows, t] = nxt
             finished |= nxt == self.eos_id
             n_done = int(finished.sum())  # the step's one host synchronisation
@@ -327,17 +327,6 @@ class _StepWeights:
         qkv = (torch.cat([s.q.weight, s.kv.weight]), torch.cat([s.q.bias, s.kv.bias]))
         pairs = [(m.weight, m.bias) for m in (s.out, c.q, c.out, f_in, f_out)]
         return cls(qkv, *pairs, vocab)
-
-
-def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` (the first maximum of each row), computed as ``max(-1).indices`` over float32 values.
-
-    Same ids (both return the first maximal index), but on a CPU ``argmax`` over namc_base's 49,409-word rows runs
-    several times slower (``tools/profile_decode.py``: at batch 32 on one AMX Xeon thread, other jobs running,
-    3.7 ms in float32 and 20.6 ms in bfloat16 against 0.8 and 4.7 ms this way, the cast included; in bf16 argmax
-    was 17% of a decoding step). bfloat16 -> float32 is exact, so the ids do not depend on the cast.
-    """
-    return logits.float().max(dim=-1).indices
 
 
 def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
