@@ -217,6 +217,7 @@ def test_embed_on_two_processes_matches_one(tmp_path: Path) -> None:
     assert main(_args(tmp_path, clip, dino, "one")) == 0
     args = _args(tmp_path, clip, dino, "two")
     args[args.index("--trainer.devices") + 1] = "2"
+    args[args.index("--num_workers") + 1] = "1"  # under DDP the worker starts from a fork server
     proc = _run([*args, "--trainer.strategy", "ddp"])
     out = proc.communicate(timeout=300)[0].decode(errors="replace")
     assert proc.returncode == 0, out[-3000:]

@@ -32,6 +32,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from namc.lit.datamodules import _workers
+
 __all__ = [
     "ShardDataModule",
     "ShardSource",
@@ -97,7 +99,7 @@ class ShardDataModule(pl.LightningDataModule):
         # indices Lightning cannot and need not infer; one pass over the data needs no persistent workers
         warnings.filterwarnings("ignore", message=".*Couldn't infer the batch indices.*")
         warnings.filterwarnings("ignore", message=".*Consider setting `persistent_workers=True`.*")
-        return DataLoader(ShardStream(self.source, self.assigned), batch_size=None, num_workers=workers)
+        return DataLoader(ShardStream(self.source, self.assigned), batch_size=None, **_workers(trainer, workers))
 
 
 class ShardWriter(BasePredictionWriter):
