@@ -180,12 +180,8 @@ def test_ddp_ranks_start_their_workers_from_a_fork_server() -> None:
     """A rank's threads (gloo's, Lightning's observer) make a plain fork of its DataLoader workers unsafe (a worker
     once hung inside os.fork() in tests/test_resume.py): under DDP workers come from a fork server that has torch and
     namc's data modules preloaded; one process keeps fork, and no workers need no context."""
-    from types import SimpleNamespace
+    from namc.data.views import loader_workers
 
-    from namc.lit.datamodules import _workers
-
-    assert _workers(None, 2) == {"num_workers": 2}
-    assert _workers(SimpleNamespace(global_rank=0, world_size=1), 2) == {"num_workers": 2}
-    assert _workers(SimpleNamespace(global_rank=1, world_size=2), 0) == {"num_workers": 0}
-    args = _workers(SimpleNamespace(global_rank=1, world_size=2), 2)
+    assert loader_workers(2, 1) == {"num_workers": 2} and loader_workers(0, 2) == {"num_workers": 0}
+    args = loader_workers(2, 2)
     assert args["num_workers"] == 2 and args["multiprocessing_context"].get_start_method() == "forkserver"

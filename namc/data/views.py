@@ -21,6 +21,7 @@ batch comes next.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from torch.utils.data._utils.collate import default_collate
 from namc.data.corpus import CorpusDataset
 from namc.ops.distributed import gather_objects, world
 
-__all__ = ["EpochSampler", "EvenStream", "ReferencePicker", "ResumableLoader", "swap_pair"]
+__all__ = ["EpochSampler", "EvenStream", "ReferencePicker", "ResumableLoader", "loader_workers", "swap_pair"]
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +200,24 @@ class _PositionedCollate:
                 position = item.pop(POSITION_KEY)
             clean.append(item)
         return self.collate(clean), position
+
+
+def loader_workers(num_workers: int, world_size: int) -> dict[str, Any]:
+    """A DataLoader's worker arguments: ``num_workers`` and, under DDP (``world_size > 1``), a fork server to start
+    the workers from.
+
+    A DDP rank has threads when its workers start (gloo's, Lightning's child-process observer), and a plain fork
+    copies whatever locks they hold: about 1 in 10 resumed 2-rank CPU runs of ``tests/test_resume.py`` had a worker
+    stuck inside ``os.fork()`` (no Python frame above it), its rank waiting for the batch and the other in the next
+    collective, for ever. A fork server is a single-threaded process started before any of that; workers fork from
+    it with ``torch`` and namc's data modules already imported (so they start quickly) and receive the dataset
+    pickled (:class:`~namc.data.issues.DataIssues` shares its counters either way). One process keeps ``fork``.
+    """
+    if num_workers == 0 or world_size == 1:
+        return {"num_workers": num_workers}
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "namc.data.views", "namc.lit.datamodules"])
+    return {"num_workers": num_workers, "multiprocessing_context": context}
 
 
 class ResumableLoader(DataLoader):

@@ -18,7 +18,6 @@ continues with exactly the batches an uninterrupted run would have seen (see :mo
 from __future__ import annotations
 
 import logging
-import multiprocessing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from namc.data.corruptions import CORRUPTIONS, CaptionNoiseView, CorruptedView
 from namc.data.idc import BENCHMARKS, BenchmarkDataset, build_benchmark, check_benchmark_root
 from namc.data.pairs import PairListDataset
 from namc.data.transforms import MAX_IMAGE_PIXELS
-from namc.data.views import EpochSampler, EvenStream, ReferencePicker, ResumableLoader
+from namc.data.views import EpochSampler, EvenStream, ReferencePicker, ResumableLoader, loader_workers
 from namc.models.io import read_tokenizer
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer
 
@@ -61,24 +60,6 @@ def _rank_world(trainer: Any) -> tuple[int, int]:
     if trainer is None:
         return 0, 1
     return int(trainer.global_rank), int(trainer.world_size)
-
-
-def _workers(trainer: Any, num_workers: int) -> dict[str, Any]:
-    """The DataLoader's worker arguments: ``num_workers`` and, under DDP, workers started by a fork server.
-
-    A DDP rank has threads when its workers start (gloo's, Lightning's child-process observer), and a plain fork
-    copies whatever locks they hold: about 1 in 10 resumed 2-rank CPU runs of ``tests/test_resume.py`` had a worker
-    stuck inside ``os.fork()`` (no Python frame above it), its rank waiting for the batch and the other in the next
-    collective, for ever. A fork server is a single-threaded process started before any of that; workers fork from
-    it with ``torch`` and namc's data modules already imported (so they start quickly) and receive the dataset
-    pickled (:class:`~namc.data.issues.DataIssues` shares its counters either way). One process keeps ``fork``.
-    """
-    _, world = _rank_world(trainer)
-    if num_workers == 0 or world == 1:
-        return {"num_workers": num_workers}
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "namc.lit.datamodules"])
-    return {"num_workers": num_workers, "multiprocessing_context": context}
 
 
 def _trainer_epoch(trainer: Any) -> int:
@@ -243,14 +224,14 @@ class BenchmarkDataModule(NAMCDataModule):
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         # training items already carry one reference, drawn by ReferencePicker
         collate = SkipNone(CaptionCollator(self.caption_tokenizer, self.max_caption_len, sample_reference=False))
+        rank, world = _rank_world(self.trainer)
         if train:
-            rank, world = _rank_world(self.trainer)
             self._sampler = EpochSampler(dataset, num_replicas=world, rank=rank, seed=self.shuffle_seed)
             self._sampler.set_epoch(_trainer_epoch(self.trainer))
             return ResumableLoader(dataset, batch_size=self.batch_size, sampler=self._sampler, collate_fn=collate,
-                                   persistent_workers=False, **_workers(self.trainer, self.num_workers))  # fmt: skip
+                                   persistent_workers=False, **loader_workers(self.num_workers, world))  # fmt: skip
         return DataLoader(dataset, batch_size=self.eval_batch_size, collate_fn=collate, persistent_workers=False,
-                          **_workers(self.trainer, self.num_workers))  # fmt: skip
+                          **loader_workers(self.num_workers, world))  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         self._train = ReferencePicker(self._shifted("train"), self.shuffle_seed)
@@ -399,7 +380,7 @@ class CorpusDataModule(NAMCDataModule):
         self._train = EvenStream(base, per_reader, self.num_workers, self.swap_prob)
         self._train.set_epoch(_trainer_epoch(self.trainer))
         return ResumableLoader(self._train, batch_size=self.batch_size, collate_fn=self._collate(), drop_last=True,
-                               persistent_workers=False, **_workers(self.trainer, self.num_workers))  # fmt: skip
+                               persistent_workers=False, **loader_workers(self.num_workers, world))  # fmt: skip
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_path is None:
@@ -410,7 +391,7 @@ class CorpusDataModule(NAMCDataModule):
             precomputed=self.precomputed,
         )  # fmt: skip
         return DataLoader(self._val, batch_size=self.batch_size, collate_fn=self._collate(),
-                          **_workers(self.trainer, self.num_workers))  # fmt: skip
+                          **loader_workers(self.num_workers, world))  # fmt: skip
 
     def teardown(self, stage: str) -> None:
         for ds in (self._train.dataset if self._train else None, self._val):

@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from namc.lit.datamodules import _workers
+from namc.data.views import loader_workers
 
 __all__ = [
     "ShardDataModule",
@@ -99,7 +99,8 @@ class ShardDataModule(pl.LightningDataModule):
         # indices Lightning cannot and need not infer; one pass over the data needs no persistent workers
         warnings.filterwarnings("ignore", message=".*Couldn't infer the batch indices.*")
         warnings.filterwarnings("ignore", message=".*Consider setting `persistent_workers=True`.*")
-        return DataLoader(ShardStream(self.source, self.assigned), batch_size=None, **_workers(trainer, workers))
+        stream = ShardStream(self.source, self.assigned)
+        return DataLoader(stream, batch_size=None, **loader_workers(workers, trainer.world_size))
 
 
 class ShardWriter(BasePredictionWriter):
