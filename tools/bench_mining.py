@@ -26,10 +26,14 @@ Measured on this project's 2-core x86-64 machine (shared, load ~12; OMP_NUM_THRE
 - full, N=100K, cluster_qr labels: CPU s kNN clip 62.0, dino 80.7, candidates 0.1, clustering 142.4 (1.4 ms per
   image), union 6.2 (total 291 s CPU, 424 s wall); 98,441 images with candidates, 863,958 candidates, 270,004
   pairs; peak RSS 1.63 GiB (0.70 GiB after drawing the features).
-- projection to 3M images, one thread: kNN ~6.5 h (N^1.5), clustering ~1.2 h (cluster_qr) or ~3.9 h (kmeans);
-  both parallelise (faiss OpenMP threads, ``--workers``); memory ~18 GiB (features 10 GiB float16, one IVF index
-  5.7 GiB, IVF training sample 1.8 GiB). 1M did not fit the ~10 minute budget on this shared CPU (kNN alone ~1.3 h
-  projected).
+- full, N=1M, cluster_qr labels (``--crossover --full 1000000 --assign_labels cluster_qr``, one thread, another
+  job on the second core): CPU s kNN clip 1563.2, dino 2116.8 (IVF nlist 4000, nprobe 32), candidates 1.0,
+  clustering 1370.6 (1.4 ms per image), union 36.3 (total 5088 s CPU, 6913 s wall); 982,510 images with
+  candidates, 8,616,881 candidates, 2,695,446 pairs (2,947,528 before de-dup); peak RSS 6.76 GiB (3.82 GiB after
+  drawing the features). The 100K run's N^1.5 projection of kNN to 1M (4,500 s) overestimated the measured 3,680 s.
+- projection from 1M to 3M images, one thread: kNN ~5.3 h (N^1.5), candidates + clustering + union ~1.2 h
+  (cluster_qr; kmeans labels cost ~3x more); both parallelise (faiss OpenMP threads, ``--workers``); memory ~20 GiB
+  (features 10 GiB float16, one IVF index 5.7 GiB, IVF training sample, the candidate lists).
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def full(n: int, k: int, group: int, spread: float, project: int, workers: int, 
         f"features drawn in {time.perf_counter() - t:.1f}s; {(clip.nbytes + dino.nbytes) / 2**30:.2f} GiB float16; "
         f"peak RSS so far {peak_rss_gb():.2f} GiB"
     )
-    result = mine_pairs(clip, dino, MiningConfig(k=k, workers=workers, assign_labels=assign), progress=False)
+    result = mine_pairs(clip, dino, MiningConfig(k=k, workers=workers, assign_labels=assign), progress=True)
     s = result.summary
     sec, cpu = s["seconds"], s["cpu_seconds"]
     print(f"indexes: clip {s['index_clip']}; dino {s['index_dino']}")
