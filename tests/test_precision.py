@@ -125,6 +125,36 @@ def test_int8_copy_packs_every_step_matrix(trained):
     assert not any(type(m) is torch.nn.Linear for m in twin.mir.modules())
 
 
+@pytest.mark.skipif(not fdg_module.onednn_linear_available(), reason="this torch build has no oneDNN linear kernel")
+def test_bf16_copy_prepacks_every_step_matrix(trained):
+    """The bf16 copy keeps the decoding step's matrices in oneDNN's blocked layout, reordered once; decoding with
+    them writes the same ids as with the plain bf16 weights (which oneDNN reorders at every call), and a compiled
+    step, which cannot take oneDNN's opaque tensors, gets the plain weights."""
+    model, images_1, images_2 = trained
+    twin = inference_copy(model, "bf16")
+    packed = twin.fdg._packed_step
+    assert packed[0].vocab is packed[-1].vocab  # the shared vocabulary matrix is packed once
+    for name in fdg_module._StepWeights.NAMES:
+        weight, bias = getattr(packed[0], name)
+        assert weight.is_mkldnn and weight.dtype == torch.bfloat16
+        assert bias is None or bias.dtype == torch.bfloat16
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        grid = twin.grid(torch.cat([images_1, images_2]))
+        memory = twin.encode_pair(None, None, grid[: len(images_1)], grid[len(images_1) :])
+        with_packed = twin.fdg.generate(memory, 8)
+        del twin.fdg._packed_step
+        try:
+            plain = twin.fdg.generate(memory, 8)
+            twin.fdg._packed_step = packed
+            twin.fdg._compiled_step = twin.fdg._fused_step  # stands in for torch.compile's wrapper of the step
+            _, _, fused = twin.fdg._start(memory, 8)
+        finally:
+            twin.fdg._packed_step = packed
+            twin.fdg.uncompile_step()
+    assert torch.equal(with_packed, plain)
+    assert not fused[0].vocab[0].is_mkldnn and fused[0].vocab[0].dtype == torch.bfloat16
+
+
 def test_check_precision():
     for precision in PRECISIONS:
         check_precision(precision, "cpu")

@@ -84,11 +84,12 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
                 if isinstance(module, (nn.Linear, nn.Conv2d)):
                     module.to(torch.bfloat16)
             twin.fdg.tok.to(torch.bfloat16)  # the vocabulary projection's matrix (tied with the input embedding)
+            twin.fdg.pack_step("bf16")  # the decoding step's matrices in oneDNN's layout, reordered once
         else:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
             twin.mir = quantize_dynamic(twin.mir, {nn.Linear: per_channel_dynamic_qconfig})
-            twin.fdg.pack_int8()
+            twin.fdg.pack_step("int8")
     cached[precision] = (key, twin)
     return twin
 
