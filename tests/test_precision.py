@@ -20,6 +20,7 @@ import namc
 from namc.data.collate import pad_sequences
 from namc.inference import main as describe_main
 from namc.models import fdg as fdg_module
+from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.grid import GridEncoder
 from namc.models.precision import PRECISIONS, check_precision, inference_copy
@@ -184,6 +185,37 @@ def test_folded_batchnorm_gives_the_same_grid(one_thread):
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4 * before.abs().max().item())
     conv = next(m for m in folded.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.skipif(not onednn.conv_available(), reason="this torch build has no oneDNN fused convolution kernels")
+@pytest.mark.parametrize("arch", ["resnet18", "resnet26"])  # BasicBlock; Bottleneck with strided downsampling
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_grid_equals_the_folded_grid(one_thread, arch, dtype):
+    """Every convolution of the folded grid runs fused (stem, blocks, downsampling) and the features are the
+    module path's up to rounding, at a batch and an image size the weights were not reordered for."""
+    torch.manual_seed(0)
+    grid = GridEncoder(arch, 3).eval()
+    grid.fold_batchnorm()
+    for conv in (m for m in grid.modules() if isinstance(m, torch.nn.Conv2d)):
+        conv.weight.data.mul_(3.0)  # timm's init keeps activations tiny; larger ones make errors visible
+        conv.to(dtype)
+    convs = sum(isinstance(m, torch.nn.Conv2d) for m in grid.modules())
+    fused = copy.deepcopy(grid)
+    assert fused.fuse_onednn() == convs
+    assert not any(isinstance(m, (torch.nn.Conv2d, torch.nn.ReLU)) for m in fused.backbone.modules())
+    with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=dtype == torch.bfloat16):
+        for images in (torch.rand(3, 3, 64, 64), torch.rand(1, 3, 96, 128)):
+            expected, got = grid(images), fused(images)
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            scale = expected.float().abs().max().item()
+            assert scale > 1e-2
+            tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: a rounding here and there, not a different net
+            torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=tol * scale)
+
+
+def test_fuse_onednn_needs_a_folded_grid():
+    with pytest.raises(ValueError, match="fold_batchnorm"):
+        GridEncoder("resnet18", 3).eval().fuse_onednn()
 
 
 def test_fold_batchnorm_refuses_a_trainable_grid():

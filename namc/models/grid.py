@@ -144,6 +144,21 @@ class GridEncoder(nn.Module):
         self.backbone.to(memory_format=torch.channels_last)
         return folded
 
+    def fuse_onednn(self) -> int:
+        """Run the folded backbone's convolutions with their ReLUs and residual additions fused into single oneDNN
+        calls, in the convolutions' current dtype (:func:`namc.models.onednn.fuse_resnet`). Call it after
+        :meth:`fold_batchnorm` (and after casting the convolutions) on an inference copy: the fused encoder cannot
+        be trained, saved or copied.
+
+        Returns:
+            how many convolutions run fused (0 where this torch build lacks the kernels).
+        """
+        if any(isinstance(m, nn.BatchNorm2d) for m in self.backbone.modules()):
+            raise ValueError("fuse_onednn needs a folded encoder: call fold_batchnorm first")
+        from namc.models.onednn import fuse_resnet
+
+        return fuse_resnet(self.backbone)
+
     def grid_size(self, image_size: int) -> int:
         """Grid cells per side for a square ``image_size`` input (14 for ResNet layer3 at 224 px).
 

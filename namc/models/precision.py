@@ -84,10 +84,12 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
                 if isinstance(module, (nn.Linear, nn.Conv2d)):
                     module.to(torch.bfloat16)
             twin.fdg.tok.to(torch.bfloat16)  # the vocabulary projection's matrix (tied with the input embedding)
+            twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
             twin.fdg.pack_step("bf16")  # the decoding step's matrices in oneDNN's layout, reordered once
         else:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+            twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
             twin.mir = quantize_dynamic(twin.mir, {nn.Linear: per_channel_dynamic_qconfig})
             twin.fdg.pack_step("int8")
     cached[precision] = (key, twin)
