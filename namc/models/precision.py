@@ -7,12 +7,17 @@
   BF16 / AMX where the CPU has them) while LayerNorm and the residual stream stay fp32. Autocast over fp32 weights
   re-casts every weight at every call: on namc_base's 49409 x 768 vocabulary projection (AMX Xeon, one thread)
   48.7 ms at batch 1 and 57.3 ms at batch 32, against 5.3 and 11.6 ms with stored bf16 weights and 10.6 and 29.7 ms
-  in fp32. On CUDA: ``torch.autocast`` over the model itself.
+  in fp32. Two oneDNN preparations follow, both done once per copy: the grid's convolutions run fused with their
+  ReLUs and residual additions (:mod:`namc.models.onednn`; namc_base's grid 1.6-1.9x faster, identical features)
+  and the decoding step's matrices are reordered into oneDNN's blocked layout (:meth:`FDG.pack_step
+  <namc.models.fdg.FDG.pack_step>`; decoding 1.4-1.5x faster at batch >= 4). On CUDA: ``torch.autocast`` over the
+  model itself.
 - ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR and every matrix of
   FDG's decoding step (the vocabulary projection included) in dynamic int8 (PyTorch's x86 kernel: int8 weights
-  with per-channel scales, activations quantised per call); convolutions and attention stay fp32. The vocabulary
-  projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. PyTorch's static x86 flow (PT2E + inductor) would also
-  quantise the convolutions but needs calibration data and ``torch.compile``; dynamic int8 needs neither.
+  with per-channel scales, activations quantised per call); convolutions (fused as for bf16) and attention stay
+  fp32. The vocabulary projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. PyTorch's static x86 flow (PT2E
+  + inductor, now in torchao) would also quantise the convolutions but needs calibration data, ``torch.compile`` and
+  another dependency; dynamic int8 needs none of them.
 
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
