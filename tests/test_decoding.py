@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import namc
 from namc.data.collate import pad_sequences
 from namc.eval.throughput.baselines import generate_reference, generate_uncached
-from namc.models import fdg as fdg_module
+from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
 
 PAIRS = 8
@@ -161,9 +161,9 @@ def test_dense_matches_linear():
     """The generation-time linear (oneDNN on CPU for large matrices) equals F.linear up to rounding."""
     x, w, b = torch.randn(8, 1024), torch.randn(1024, 1024) / 32, torch.randn(1024)
     with torch.inference_mode():
-        assert torch.allclose(fdg_module._dense(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(onednn.dense(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
         small = torch.randn(16, 1024)
-        assert torch.allclose(fdg_module._dense(x, small), F.linear(x, small), atol=1e-5)
+        assert torch.allclose(onednn.dense(x, small), F.linear(x, small), atol=1e-5)
 
 
 def test_beam_size_one_equals_greedy(trained):

@@ -126,7 +126,7 @@ def test_int8_copy_packs_every_step_matrix(trained):
     assert not any(type(m) is torch.nn.Linear for m in twin.mir.modules())
 
 
-@pytest.mark.skipif(not fdg_module.onednn_linear_available(), reason="this torch build has no oneDNN linear kernel")
+@pytest.mark.skipif(not onednn.linear_available(), reason="this torch build has no oneDNN linear kernel")
 def test_bf16_copy_prepacks_every_step_matrix(trained):
     """The bf16 copy keeps the decoding step's matrices in oneDNN's blocked layout, reordered once; decoding with
     them writes the same ids as with the plain bf16 weights (which oneDNN reorders at every call), and a compiled
@@ -228,14 +228,14 @@ def test_dense_leaves_the_private_onednn_op_out_of_compiled_graphs(monkeypatch):
     """Under torch.compile the weights are graph inputs, which oneDNN's private linear op refuses ("weight must be a
     graph constant", at batch >= 8 on namc_base): while compiling, _dense must not even consider it."""
     x, w = torch.randn(16, 8), torch.randn(4, 8)
-    monkeypatch.setattr(fdg_module, "_ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(onednn, "MIN_WEIGHT", 0)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
 
     def refuse():
         raise AssertionError("the oneDNN op was considered while compiling")
 
-    monkeypatch.setattr(fdg_module, "onednn_linear_available", refuse)
-    torch.testing.assert_close(fdg_module._dense(x, w), F.linear(x, w))
+    monkeypatch.setattr(onednn, "linear_available", refuse)
+    torch.testing.assert_close(onednn.dense(x, w), F.linear(x, w))
 
 
 @pytest.mark.slow
@@ -243,7 +243,7 @@ def test_compiled_step_runs_at_batch_1_and_8(one_thread, monkeypatch):
     """torch.compile of the decoding step with the oneDNN path enabled for every matrix (as namc_base's large
     ones are): batch 1 and batch 8 (where the private op used to crash the compiled graph) equal eager decoding.
     Compiling takes about a minute on 2 cores; the fast test above covers the guard."""
-    monkeypatch.setattr(fdg_module, "_ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.setattr(onednn, "MIN_WEIGHT", 0)
     torch.manual_seed(6)
     fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
     memories = [torch.randn(1, 9, 32), torch.randn(8, 9, 32)]

@@ -10,7 +10,8 @@ prefix position re-run and projected at every step) lives with the harness, in :
 
 In eval mode the incremental step takes a fused path (:class:`_StepWeights`): one (3D x D) projection gives the
 self-attention query, key and value, the hidden states stay (b, D) instead of (b, 1, D), the cross-attention
-keys/values are made contiguous once, and on a CPU the large skinny products run through oneDNN (:func:`_dense`).
+keys/values are made contiguous once, and on a CPU the large skinny products run through oneDNN
+(:func:`~namc.models.onednn.dense`).
 In training mode (dropout active) the step runs the blocks' modules unchanged, so sampling with dropout behaves as
 before. Finished rows are dropped once they are a quarter of the batch (not at every [EOS]), which amortises the
 copies of the caches that each drop makes.
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from namc import ops
+from namc.models import onednn
 from namc.models.layers import Block, KVCache
 
 
@@ -141,15 +143,15 @@ class FDG(nn.Module):
         mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
         for block, cache, (k_mem, v_mem), w in zip(self.blocks, caches, cross_kv, fused):
             H, E = block.self_attn.heads, block.self_attn.head_dim
-            qkv = _dense(block.ln_self(x), *w.qkv).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
+            qkv = onednn.dense(block.ln_self(x), *w.qkv).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
             k, v = cache.append(qkv[:, 1], qkv[:, 2])  # 2 x (b, H, t, E)
             y = F.scaled_dot_product_attention(qkv[:, 0], k, v)  # (b, H, 1, E)
-            x = x + _dense(y.view(b, D), *w.self_out)  # (b, D)
-            q = _dense(block.ln_cross(x), *w.cross_q).view(b, H, 1, E)
+            x = x + onednn.dense(y.view(b, D), *w.self_out)  # (b, D)
+            q = onednn.dense(block.ln_cross(x), *w.cross_q).view(b, H, 1, E)
             y = F.scaled_dot_product_attention(q, k_mem, v_mem, attn_mask=mask)  # (b, H, 1, E)
-            x = x + _dense(y.view(b, D), *w.cross_out)  # (b, D)
-            x = x + _dense(block.ffn[1](_dense(block.ln_ffn(x), *w.ffn_in)), *w.ffn_out)
-        return _dense(self.ln_f(x), *fused[-1].vocab)  # (b, V)
+            x = x + onednn.dense(y.view(b, D), *w.cross_out)  # (b, D)
+            x = x + onednn.dense(block.ffn[1](onednn.dense(block.ln_ffn(x), *w.ffn_in)), *w.ffn_out)
+        return onednn.dense(self.ln_f(x), *fused[-1].vocab)  # (b, V)
 
     def _start(
         self, memory: torch.Tensor, max_new_tokens: int
@@ -167,7 +169,7 @@ class FDG(nn.Module):
         if not self.training:
             vocab = (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
             fused = getattr(self, "_packed_step", None)
-            if fused is not None and "_compiled_step" in self.__dict__ and _is_onednn(fused[0].vocab[0]):
+            if fused is not None and "_compiled_step" in self.__dict__ and onednn.is_packed(fused[0].vocab[0]):
                 fused = None  # a compiled graph cannot take oneDNN's opaque tensors: compile over the plain weights
             fused = fused or [_StepWeights.of(block, vocab) for block in self.blocks]
         return caches, cross_kv, fused
@@ -189,7 +191,7 @@ class FDG(nn.Module):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
         vocab = (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
         packed = [_StepWeights.of(block, vocab) for block in self.blocks]
-        if precision == "bf16" and not (vocab[0].device.type == "cpu" and onednn_linear_available()):
+        if precision == "bf16" and not (vocab[0].device.type == "cpu" and onednn.linear_available()):
             return
         cache: dict[int, tuple] = {}  # the vocabulary matrix is shared by the layers: pack it once
         for w in packed:
@@ -200,7 +202,7 @@ class FDG(nn.Module):
                         cache[id(weight)] = (_int8_linear(weight, bias),)
                     else:
                         bias = None if bias is None else bias.detach().to(torch.bfloat16)
-                        cache[id(weight)] = (_onednn_pack(weight.detach().to(torch.bfloat16)), bias)
+                        cache[id(weight)] = (onednn.pack_linear(weight.detach().to(torch.bfloat16)), bias)
                 setattr(w, name, cache[id(weight)])
         self._packed_step = packed
 
@@ -325,7 +327,8 @@ class FDG(nn.Module):
 
 @dataclass
 class _StepWeights:
-    """The matrices of one block's eval step, each ``(weight, bias)`` or ``(packed int8 layer,)`` (:func:`_dense`).
+    """The matrices of one block's eval step, each ``(weight, bias)`` or ``(packed int8 layer,)``
+    (:func:`~namc.models.onednn.dense`).
 
     The self-attention query/key/value weights are stacked for one (3D x D) projection, rows ``[q; k; v]``
     (:meth:`~namc.models.layers.Attention.split_kv`'s key-then-value layout). Built once per generation from the
@@ -359,65 +362,3 @@ def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
     if bias is not None:
         layer.bias.data = bias.detach().float().clone()
     return quantize_dynamic(nn.Sequential(layer), {nn.Linear: per_channel_dynamic_qconfig})[0]
-
-
-def _is_onednn(weight: torch.Tensor | nn.Module) -> bool:
-    return isinstance(weight, torch.Tensor) and weight.is_mkldnn
-
-
-def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (out, in) reordered into oneDNN's blocked layout for :func:`_dense` (an opaque mkldnn tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight)
-
-
-def onednn_linear_available() -> bool:
-    """Whether this torch build has oneDNN's linear kernel (``torch.ops.mkldnn._linear_pointwise``) and it works.
-
-    Checked once, on tiny tensors against ``F.linear``; a build without oneDNN, or one where the private op changed,
-    makes :func:`_dense` fall back to ``F.linear``.
-    """
-    global _ONEDNN_OK
-    if _ONEDNN_OK is None:
-        try:
-            x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
-            with torch.inference_mode():
-                y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-            _ONEDNN_OK = bool(torch.backends.mkldnn.is_available() and torch.allclose(y, F.linear(x, w, b), atol=1e-5))
-        except (AttributeError, RuntimeError):
-            _ONEDNN_OK = False
-    return _ONEDNN_OK
-
-
-_ONEDNN_OK: bool | None = None
-
-
-def _dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` of (b, D_in) inputs during generation (``weight`` a packed int8 layer: that layer's call; a
-    prepacked oneDNN bf16 matrix: oneDNN's kernel on it).
-
-    On a CPU in float32, with at least 8 rows and a matrix of at least 2^20 entries (namc_base's vocabulary
-    projection, fused q/k/v and FFN weights), it runs oneDNN's kernel, which beats the default BLAS on these skinny
-    products (measured on a 2-core AMD EPYC with MKL at b = 32: the 49409 x 768 vocabulary projection 36 vs 50 ms
-    on one thread, about 1.6x faster on two; the layer matrices 5-15 % faster). With fewer rows the product is a
-    memory-bound matrix-vector product where oneDNN gains nothing, and small matrices favour ``F.linear``'s
-    low-overhead path (6 vs 18 us for 128 x 384 at b = 1). Either result equals ``F.linear`` up to float rounding.
-    """
-    if isinstance(weight, nn.Module):
-        return weight(x.float()).to(x.dtype)
-    if _is_onednn(weight):  # prepacked by FDG.pack_step("bf16"); outside autocast's reach, so cast here
-        return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
-    if (
-        x.shape[0] >= _ONEDNN_MIN_ROWS
-        and weight.numel() >= _ONEDNN_MIN_WEIGHT
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and torch.backends.mkldnn.enabled
-        and not torch.compiler.is_compiling()  # the private op needs constant weights in a graph: let inductor pick
-        and onednn_linear_available()
-    ):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
-_ONEDNN_MIN_ROWS = 8
-_ONEDNN_MIN_WEIGHT = 1 << 20

@@ -15,7 +15,7 @@ import torch
 
 from namc.eval.throughput.settings import THREADING_ENV
 from namc.eval.throughput.timing import summarize, time_calls
-from namc.models.fdg import onednn_linear_available
+from namc.models.onednn import linear_available as onednn_linear_available
 
 __all__ = ["describe_machine", "measure_matmul"]
 
