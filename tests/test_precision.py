@@ -213,6 +213,29 @@ def test_fused_grid_equals_the_folded_grid(one_thread, arch, dtype):
             torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=tol * scale)
 
 
+@pytest.mark.skipif(
+    not (onednn.conv_available() and onednn.linear_available()), reason="this torch build lacks oneDNN's kernels"
+)
+def test_first_bf16_call_builds_the_fused_copy(monkeypatch):
+    """The oneDNN probes answer the same under autocast: ``generate(precision="bf16")`` as a process's first
+    low-precision call (probes not yet run, autocast about to be entered) gets the fused grid and the prepacked
+    decoding step. (The probes once ran under the call's autocast, compared a bf16 reference with the fp32 kernel,
+    and turned both paths off for the process.)"""
+    monkeypatch.setattr(onednn, "_CONV_OK", None)
+    monkeypatch.setattr(onednn, "_LINEAR_OK", None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert onednn.conv_available() and onednn.linear_available()
+    monkeypatch.setattr(onednn, "_CONV_OK", None)
+    monkeypatch.setattr(onednn, "_LINEAR_OK", None)
+    torch.manual_seed(0)
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    images = torch.rand(2, 3, 64, 64)
+    model.generate_ids(images, images, max_new_tokens=2, precision="bf16")
+    twin = inference_copy(model, "bf16")
+    assert any(isinstance(m, onednn.FusedBlock) for m in twin.grid.modules())
+    assert twin.fdg._packed_step[0].vocab[0].is_mkldnn
+
+
 def test_fuse_onednn_needs_a_folded_grid():
     with pytest.raises(ValueError, match="fold_batchnorm"):
         GridEncoder("resnet18", 3).eval().fuse_onednn()

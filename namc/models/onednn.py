@@ -40,6 +40,12 @@ __all__ = [
 _CONV_OK: bool | None = None
 
 
+def _fp32() -> torch.autocast:
+    """The probes compare in float32 even when first asked under ``torch.autocast`` (where the public reference
+    op would run in bf16, miss the fp32 kernel's result and disable the fused path for the whole process)."""
+    return torch.autocast("cpu", enabled=False)
+
+
 def conv_available() -> bool:
     """Whether this torch build has oneDNN's fused convolution kernels and they give ``F.conv2d``'s results.
 
@@ -54,7 +60,7 @@ def conv_available() -> bool:
                 torch.randn(2, 4, 5, 5, generator=g).contiguous(memory_format=torch.channels_last) for _ in "xo"
             )
             conv = nn.Conv2d(4, 4, 3, padding=1).eval()
-            with torch.inference_mode():
+            with torch.inference_mode(), _fp32():
                 ref = F.relu(conv(x) + other)
                 fused = FusedConv(conv, relu=True)
                 _CONV_OK = bool(
@@ -200,9 +206,11 @@ def linear_available() -> bool:
     if _LINEAR_OK is None:
         try:
             x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
-            with torch.inference_mode():
+            with torch.inference_mode(), _fp32():
                 y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-            _LINEAR_OK = bool(torch.backends.mkldnn.is_available() and torch.allclose(y, F.linear(x, w, b), atol=1e-5))
+                _LINEAR_OK = bool(
+                    torch.backends.mkldnn.is_available() and torch.allclose(y, F.linear(x, w, b), atol=1e-5)
+                )
         except (AttributeError, RuntimeError):
             _LINEAR_OK = False
     return _LINEAR_OK

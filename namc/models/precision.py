@@ -80,7 +80,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     if precision in cached and cached[precision][0] == key:
         return cached[precision][1]
     cached.pop(precision, None)  # free the stale copy before building the new one
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
         skip = {id(m): None for m in (getattr(model, "nim", None), getattr(model, "vqgan", None)) if m is not None}
         twin = copy.deepcopy(model, memo=skip).eval()
         twin.grid.fold_batchnorm()
@@ -113,5 +113,6 @@ def precision_context(model: nn.Module, precision: str, device: torch.device) ->
     """Yield the module to run at ``precision`` on ``device`` (CPU: :func:`inference_copy`; CUDA: the model itself),
     inside :func:`run_context`. Inputs stay in the model's dtype."""
     check_precision(precision, device)
+    runner = inference_copy(model, precision) if device.type == "cpu" else model  # built outside autocast
     with run_context(precision, device):
-        yield inference_copy(model, precision) if device.type == "cpu" else model
+        yield runner
