@@ -4,7 +4,9 @@
 - ``bf16``: on a CPU, a copy of the inference path (grid encoder with BatchNorm folded into its convolutions, MIR,
   FDG) whose convolution and linear weights, and the vocabulary matrix, are stored in bfloat16, run under
   ``torch.autocast("cpu", torch.bfloat16)``: oneDNN runs the convolutions and matrix products in bf16 (AVX-512
-  BF16 / AMX where the CPU has them) while LayerNorm and the residual stream stay fp32. Autocast over fp32 weights
+  BF16 / AMX where the CPU has them). MIR is bf16 throughout (LayerNorms, positions, residual stream: its fp32
+  residual stream cost a cast at every layer, 12-25% of MIR's time at batch 32); FDG's LayerNorms and residual
+  stream stay fp32 (its steps are bound by the matrices, not the casts). Autocast over fp32 weights
   re-casts every weight at every call: on namc_base's 49409 x 768 vocabulary projection (AMX Xeon, one thread)
   48.7 ms at batch 1 and 57.3 ms at batch 32, against 5.3 and 11.6 ms with stored bf16 weights and 10.6 and 29.7 ms
   in fp32. Two oneDNN preparations follow, both done once per copy: the grid's convolutions run fused with their
@@ -23,9 +25,9 @@ The copies are built on first use, kept per model and rebuilt when a parameter o
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
 weights. Quality against fp32 is measured, not assumed (tests/test_precision.py, the README). On the demo's
 test split (namc_tiny at width 32, 700 pairs) folding BatchNorm alone changes no caption and a +-0.5/255 pixel
-perturbation 0.1%, while bf16 changes 11.7% of the captions (as many with only MIR + FDG in bf16, 12.3% with only
-the grid; a copy bf16 throughout, residual stream included, 9.9%) and int8 12.4%, with CIDEr-D +0.8 and +0.6 over
-fp32: at width 32 the rounding of bf16 / int8 flips the near-ties between paraphrases.
+perturbation 0.1%, while bf16 changes 10.7% of the captions (MIR in bf16 with an fp32 residual stream: 11.3%) and
+int8 12.4%, with CIDEr-D +0.8 and +0.6 over fp32: at width 32 the rounding of bf16 / int8 flips the near-ties
+between paraphrases.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
                 if isinstance(module, (nn.Linear, nn.Conv2d)):
                     module.to(torch.bfloat16)
             twin.fdg.tok.to(torch.bfloat16)  # the vocabulary projection's matrix (tied with the input embedding)
+            twin.mir.to(torch.bfloat16)  # LayerNorms, positions and residual stream too: no casts between layers
             twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
             twin.fdg.pack_step("bf16")  # the decoding step's matrices in oneDNN's layout, reordered once
         else:
