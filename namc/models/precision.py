@@ -5,7 +5,7 @@
   FDG) whose convolution and linear weights, and the vocabulary matrix, are stored in bfloat16, run under
   ``torch.autocast("cpu", torch.bfloat16)``: oneDNN runs the convolutions and matrix products in bf16 (AVX-512
   BF16 / AMX where the CPU has them). MIR is bf16 throughout (LayerNorms, positions, residual stream: its fp32
-  residual stream cost a cast at every layer, 12-25% of MIR's time at batch 32); FDG's LayerNorms and residual
+  residual stream cost a cast at every layer, 12-20% of MIR's time at batch 32); FDG's LayerNorms and residual
   stream stay fp32 (its steps are bound by the matrices, not the casts). Autocast over fp32 weights
   re-casts every weight at every call: on namc_base's 49409 x 768 vocabulary projection (AMX Xeon, one thread)
   48.7 ms at batch 1 and 57.3 ms at batch 32, against 5.3 and 11.6 ms with stored bf16 weights and 10.6 and 29.7 ms
