@@ -16,6 +16,7 @@ from namc.data.collate import pad_sequences
 from namc.eval.throughput.baselines import generate_reference, generate_uncached
 from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
+from namc.models.layers import attend_one
 
 PAIRS = 8
 
@@ -155,6 +156,23 @@ def test_fused_step_equals_module_step(one_thread):
     fused = fdg.eval().generate(memory, 12)
     modules = fdg.train().generate(memory, 12)
     assert torch.equal(fused, modules)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attend_one_matches_scaled_dot_product_attention(dtype):
+    """The one-query attention of the bf16 decoding step: SDPA's maths, masked keys get no weight."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(5, 3, n, 16, generator=g).to(dtype) for n in (1, 40, 40))
+    mask = torch.rand(5, 1, 1, 40, generator=g) > 0.3
+    mask[..., 0] = True
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    got = attend_one(q, k, v, mask)
+    assert got.dtype == dtype and got.shape == (5, 3, 1, 16)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 rounds the scores and the weights
+    assert torch.allclose(got.double(), exact, atol=tol)
+    v2 = v.masked_fill(~mask[:, :, 0, :, None], 1e3)  # values of masked keys must not leak in
+    assert torch.equal(attend_one(q, k, v2, mask), got)
+    assert torch.allclose(attend_one(q, k, v).double(), F.scaled_dot_product_attention(q, k, v).double(), atol=tol)
 
 
 def test_dense_matches_linear():

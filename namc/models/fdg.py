@@ -28,7 +28,7 @@ from torch import nn
 
 from namc import ops
 from namc.models import onednn
-from namc.models.layers import Block, KVCache
+from namc.models.layers import Block, KVCache, attend_one
 
 
 @dataclass(frozen=True)
@@ -141,14 +141,17 @@ class FDG(nn.Module):
         x = F.embedding(tokens, self.tok.weight) + self.pos[position]  # (b, D)
         D = x.shape[1]
         mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
+        # oneDNN's fused attention is slow for one query in bf16 (attend_one); fp32 keeps it (no gain, same ids)
+        low = x.device.type == "cpu" and cross_kv[0][0].dtype != torch.float32
+        attend = attend_one if low else F.scaled_dot_product_attention
         for block, cache, (k_mem, v_mem), w in zip(self.blocks, caches, cross_kv, fused):
             H, E = block.self_attn.heads, block.self_attn.head_dim
             qkv = onednn.dense(block.ln_self(x), *w.qkv).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
             k, v = cache.append(qkv[:, 1], qkv[:, 2])  # 2 x (b, H, t, E)
-            y = F.scaled_dot_product_attention(qkv[:, 0], k, v)  # (b, H, 1, E)
+            y = attend(qkv[:, 0], k, v)  # (b, H, 1, E)
             x = x + onednn.dense(y.view(b, D), *w.self_out)  # (b, D)
             q = onednn.dense(block.ln_cross(x), *w.cross_q).view(b, H, 1, E)
-            y = F.scaled_dot_product_attention(q, k_mem, v_mem, attn_mask=mask)  # (b, H, 1, E)
+            y = attend(q, k_mem, v_mem, mask)  # (b, H, 1, E)
             x = x + onednn.dense(y.view(b, D), *w.cross_out)  # (b, D)
             x = x + onednn.dense(block.ffn[1](onednn.dense(block.ln_ffn(x), *w.ffn_in)), *w.ffn_out)
         return onednn.dense(self.ln_f(x), *fused[-1].vocab)  # (b, V)

@@ -46,6 +46,22 @@ class KVCache:
         self.v = self.v.index_select(0, index)
 
 
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query per row and head, ``F.scaled_dot_product_attention``'s maths as two batched matrix
+    products: (B, H, 1, E) queries over (B, H, S, E) keys and values -> (B, H, 1, E); ``mask`` (B, 1, 1, S) bool,
+    True where a key may be attended.
+
+    For a single query, the CPU kernel behind ``scaled_dot_product_attention`` (flash attention, blocked for long
+    query sequences) is the slower choice: on FDG's cross-attention at batch 32 (12 heads, 392 keys, one AMX Xeon
+    thread) 13.3 vs 2.1 ms in bf16 and 5.3 vs 4.1 ms in fp32, where both read keys and values once and are bound by
+    memory. The scores are rounded to the inputs' dtype before the softmax (the fused kernel keeps them in fp32).
+    """
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))  # (B, H, 1, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
 class Attention(nn.Module):
     """Multi-head attention over ``F.scaled_dot_product_attention``.
 
