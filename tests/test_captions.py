@@ -235,6 +235,25 @@ def test_cli_coco_results_and_type_mapping(tmp_path, capsys):
     assert saved["per_type_num_pairs"] == {"distractor": 1, "drop": 1, "move": 1}
 
 
+def test_cli_reads_results_files_and_compares_two_runs(tmp_path, capsys, scores):
+    """`namc eval` takes what `namc test` writes (predictions and references) and counts identical captions."""
+    first = write_results(tmp_path / "fp32.json", PREDICTIONS, REFERENCES, scores)
+    changed = {**PREDICTIONS, "000002.png": "the gray ball is gone", "000005.png": "the ball became rubber"}
+    second = write_results(tmp_path / "bf16.json", changed, REFERENCES, scores)
+    out = tmp_path / "results.json"
+    assert main([str(second), str(second), "--compare", str(first), "--no-spice", "--out", str(out)]) == 0
+    assert f"identical to {first}: 6 of 8 captions (75.0%)" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["scores"]["compare"] == {"file": str(first), "identical": 6, "pairs": 8, "fraction": 0.75}
+    assert {c["id"]: c["prediction"] for c in saved["captions"]} == changed
+    assert saved["scores"]["num_pairs"] == 8 and saved["captions"][0]["references"] == REFERENCES["000001.png"]
+
+    fewer = write_results(tmp_path / "fewer.json", dict(list(PREDICTIONS.items())[:5]), REFERENCES, scores)
+    assert main([str(second), str(second), "--compare", str(fewer), "--no-spice"]) == 2
+    err = capsys.readouterr().err
+    assert f"{fewer}: not the same pairs (3 missing: '000006.png', '000007.png', '000008.png'" in err
+
+
 def test_cli_malformed_json_names_file_and_line(tmp_path, capsys):
     bad = tmp_path / "pred.json"
     bad.write_text('{\n  "a": "x",\n  "b": \n}\n')

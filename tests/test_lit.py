@@ -20,7 +20,7 @@ from namc.eval.noise import auroc, noise_auroc
 from namc.eval.plots import plot_relevance
 from namc.lit import ExportModel, FinetuneModule, PretrainModule
 from namc.lit.datamodules import BenchmarkDataModule, CorpusDataModule
-from namc.models import load_model
+from namc.models import load_model, precision
 from namc.models.io import read_config, read_tokenizer
 from namc.models.namc import NAMC
 from namc.objectives import CosineSchedule, pretrain_step
@@ -228,6 +228,26 @@ def test_finetune_from_pretraining_checkpoint_fast_dev_run(shapes: dict, pretrai
                              predict_pairs=str(pairs))  # fmt: skip
     predictions = trainer.predict(module, datamodule=dm)
     assert predictions[0][0]["id"] == "a.png|a.png" and isinstance(predictions[0][0]["caption"], str)
+
+
+def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_ckpt: dict) -> None:
+    path = str(pretrained_ckpt["path"])
+    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
+                             tokenizer=path, max_caption_len=64)  # fmt: skip
+    with pytest.raises(ValueError, match="precision must be one of"):
+        FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, inference_precision="fp16")
+    module = FinetuneModule(
+        pretrained=path, tokenizer=dm.caption_tokenizer, cache_grids=True, inference_precision="bf16"
+    )
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    ids = module._generate_ids(batch)
+    assert torch.equal(ids, module.model.generate_ids(batch["image1"], batch["image2"], 23, precision="bf16"))
+    assert not module._grids  # from the pixels through the bf16 copy, not from the fp32 grid cache
+    assert set(precision._COPIES[module.model]) == {"bf16"}  # generation built (only) the bf16 copy
+    trainer = _trainer(fast_dev_run=True)
+    trainer.test(module, datamodule=dm, verbose=False)
+    assert isinstance(module.scores["test"]["overall"]["CIDEr-D"], float)
 
 
 def test_finetune_can_train_the_grid_encoder(shapes: dict, pretrained_ckpt: dict) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, caption_evaluator
 from namc.models import create_model, load_model
+from namc.models.precision import check_precision
 from namc.objectives import FINETUNE_LR, finetune_step
 from namc.ops.distributed import broadcast_object, gather_objects
 from namc.text.tokenizer import CaptionTokenizer, same_tokenizer
@@ -40,6 +41,10 @@ class FinetuneModule(NAMCModule):
         max_new_tokens: longest generated caption (23, appendix F; OmniDiff's long captions need more). Written into
             the model's config, so the exported model generates as long by default; at most ``max_caption_len - 1``.
         num_beams: 1 = greedy (the paper).
+        inference_precision: ``fp32``, ``bf16`` or ``int8`` (CPU only): the precision the validation, test and
+            predict captions are generated in (:mod:`namc.models.precision`; losses and training stay as the
+            Trainer's ``precision`` says). With ``namc eval --compare`` this measures what a precision changes:
+            ``namc test ... --model.init_args.inference_precision bf16``.
         cache_grids: memoise the frozen ResNet grid of every image in memory (the paper pre-extracts them); for
             small datasets only.
         grid_trainable: train the grid encoder too (None: as the model's config says; the paper keeps its
@@ -60,12 +65,14 @@ class FinetuneModule(NAMCModule):
         weight_decay: float = 0.0,
         max_new_tokens: int = 23,
         num_beams: int = 1,
+        inference_precision: str = "fp32",
         cache_grids: bool = False,
         grid_trainable: bool | None = None,
         spice: bool = False,
         seed: int | None = None,
     ) -> None:
         super().__init__(seed)
+        check_precision(inference_precision)
         self.save_hyperparameters(ignore=["tokenizer"])
         if pretrained is not None:
             if overrides:
@@ -121,11 +128,17 @@ class FinetuneModule(NAMCModule):
 
     # -------------------------------------------------------------------------------------------- evaluation
 
+    def _generate_ids(self, batch: dict[str, Any]) -> torch.Tensor:
+        """(B, T) caption ids of a batch, at ``inference_precision`` (in a low precision from the pixels: the
+        memoised grids are the fp32 grid encoder's)."""
+        h = self.hparams
+        grid1, grid2 = self._grids_of(batch) if h.inference_precision == "fp32" else (None, None)
+        return self.model.generate_ids(
+            batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, grid1, grid2, h.inference_precision
+        )
+
     def _generate(self, batch: dict[str, Any], stage: str) -> list[str]:
-        grid1, grid2 = self._grids_of(batch)
-        ids = self.model.generate_ids(
-            batch["image1"], batch["image2"], self.hparams.max_new_tokens, self.hparams.num_beams, grid1, grid2
-        )  # (B, T)
+        ids = self._generate_ids(batch)  # (B, T)
         captions = [self.tokenizer.decode(row.tolist()) for row in ids]
         store = self._outputs.setdefault(stage, [])
         store.extend(zip(batch["ids"], captions, batch["references"], batch["change_types"]))
@@ -197,10 +210,7 @@ class FinetuneModule(NAMCModule):
     def predict_step(self, batch: dict[str, Any] | None, batch_idx: int) -> list[dict[str, str]]:
         if batch is None:
             return []
-        grid1, grid2 = self._grids_of(batch)
-        ids = self.model.generate_ids(
-            batch["image1"], batch["image2"], self.hparams.max_new_tokens, self.hparams.num_beams, grid1, grid2
-        )  # (B, T)
+        ids = self._generate_ids(batch)  # (B, T)
         return [{"id": k, "caption": self.tokenizer.decode(row.tolist())} for k, row in zip(batch["ids"], ids)]
 
     def configure_optimizers(self) -> dict[str, Any]:

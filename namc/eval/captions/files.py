@@ -1,7 +1,8 @@
 """The files of ``namc eval``: predictions, references and change types to read, and the results file it writes.
 
-Read: predictions ``{"id": "caption"}`` or COCO results ``[{"image_id": id, "caption": "..."}]``; references
-``{"id": ["reference", ...]}`` (CLEVR-Change's ``change_captions.json``); change types ``{"id": "type"}`` or
+Read: predictions ``{"id": "caption"}``, COCO results ``[{"image_id": id, "caption": "..."}]`` or a results file
+of :func:`write_results` (what ``namc eval --out`` and ``namc test`` write); references ``{"id": ["reference",
+...]}`` (CLEVR-Change's ``change_captions.json``) or those of a results file; change types ``{"id": "type"}`` or
 ``{"type": [id, ...]}`` (CLEVR-Change's ``type_mapping.json``). Every reader raises a ``ValueError`` that names the
 file (and the line of malformed JSON). Written: :func:`write_results`.
 """
@@ -31,30 +32,46 @@ def _load_json(path: str) -> Any:
 
 
 def load_predictions(path: str) -> dict[str, str]:
-    """Read predictions: ``{"id": "caption"}`` or COCO results ``[{"image_id": id, "caption": "..."}]``.
+    """Read predictions: ``{"id": "caption"}``, COCO results ``[{"image_id": id, "caption": "..."}]`` or the
+    ``{"scores": ..., "captions": [{"id": id, "prediction": "...", ...}]}`` of :func:`write_results`.
 
     Returns:
         id -> caption, ids as strings.
     """
     data = _load_json(path)
+    if _is_results(data):
+        return _entries(path, data["captions"], "id", "prediction")
     if isinstance(data, dict):
         return {str(k): v for k, v in data.items()}
     if isinstance(data, list):
-        preds: dict[str, str] = {}
-        for i, item in enumerate(data):
-            if not isinstance(item, dict) or "image_id" not in item or "caption" not in item:
-                raise ValueError(f"{path}: entry {i} is not {{'image_id': ..., 'caption': ...}}")
-            key = str(item["image_id"])
-            if key in preds:
-                raise ValueError(f"{path}: entry {i} repeats image_id {key!r}")
-            preds[key] = item["caption"]
-        return preds
+        return _entries(path, data, "image_id", "caption")
     raise ValueError(f"{path}: expected an object {{id: caption}} or a list of {{image_id, caption}}")
 
 
+def _is_results(data: Any) -> bool:
+    """``data`` has the layout :func:`write_results` writes."""
+    return isinstance(data, dict) and set(data) == {"scores", "captions"} and isinstance(data["captions"], list)
+
+
+def _entries(path: str, items: list, id_key: str, caption_key: str) -> dict[str, Any]:
+    """``{item[id_key]: item[caption_key]}`` over a list of objects; a malformed entry or a repeated id is an error."""
+    preds: dict[str, Any] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or id_key not in item or caption_key not in item:
+            raise ValueError(f"{path}: entry {i} is not {{{id_key!r}: ..., {caption_key!r}: ...}}")
+        key = str(item[id_key])
+        if key in preds:
+            raise ValueError(f"{path}: entry {i} repeats {id_key} {key!r}")
+        preds[key] = item[caption_key]
+    return preds
+
+
 def load_references(path: str) -> dict[str, list[str]]:
-    """Read references: ``{"id": ["reference", ...]}`` (the layout of CLEVR-Change's ``change_captions.json``)."""
+    """Read references: ``{"id": ["reference", ...]}`` (the layout of CLEVR-Change's ``change_captions.json``) or
+    those of a :func:`write_results` file."""
     data = _load_json(path)
+    if _is_results(data):
+        return _entries(path, data["captions"], "id", "references")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected an object {{id: [reference, ...]}}")
     return {str(k): v for k, v in data.items()}
