@@ -213,6 +213,24 @@ def test_fused_grid_equals_the_folded_grid(one_thread, arch, dtype):
             torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=tol * scale)
 
 
+@pytest.mark.skipif(not onednn.conv_available(), reason="this torch build has no oneDNN fused convolution kernels")
+def test_fused_conv_lays_out_its_weights_per_input_shape():
+    """A layout per input shape met, the least recently used dropped past LAYOUTS; every one gives conv2d's result."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=True).eval()
+    fused = onednn.FusedConv(conv, relu=True)
+    shapes = [(n, 8, 12, 12) for n in range(1, onednn.LAYOUTS + 2)]
+    with torch.inference_mode():
+        for shape in [shapes[0], *shapes[1:], shapes[0]]:
+            x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(fused(x), torch.relu(conv(x)), rtol=1e-5, atol=1e-5)
+        kept = list(fused.layouts)
+        assert len(kept) == onednn.LAYOUTS and kept[-1] == shapes[0] and shapes[1] not in kept  # LRU order
+        first = fused.layouts[shapes[0]]
+        fused(torch.randn(shapes[0]).contiguous(memory_format=torch.channels_last))
+        assert fused.layouts[shapes[0]] is first  # reused, not laid out again
+
+
 @pytest.mark.skipif(
     not (onednn.conv_available() and onednn.linear_available()), reason="this torch build lacks oneDNN's kernels"
 )

@@ -12,15 +12,17 @@ its own over the activations: on namc_base's ResNet-101 grid in bf16 (one thread
 end benchmark's batch 32) the in-place ReLUs took 32% and the additions 15% of the grid's time, the convolutions
 48%. :func:`fuse_resnet` replaces the stem and every block with modules that call oneDNN's fused kernels
 (``torch.ops.mkldnn._convolution_pointwise``, the kernels inductor's freezing pass emits): convolution + ReLU, and
-convolution + shortcut addition + ReLU, with weights reordered once into oneDNN's blocked layout. One bottleneck of
-layer1 (32 images, bf16, interleaved): 197 ms as modules, 76.5 ms fused; the output is the same up to rounding
-(identical on that block).
+convolution + shortcut addition + ReLU, with weights laid out once per input shape in oneDNN's blocked format (see
+:class:`FusedConv`). One bottleneck of layer1 (32 images, bf16, interleaved): 197 ms as modules, 76.5 ms fused; the
+output is the same up to rounding (identical on that block).
 
 The fused modules compute in their weights' dtype (bf16 or fp32) and cast their input to it. They hold opaque
 oneDNN tensors, so a fused encoder is for inference only: it cannot be saved, trained, moved or copied.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 _CONV_OK: bool | None = None
+LAYOUTS = 4  # input shapes whose weight layouts a FusedConv keeps
 
 
 def _fp32() -> torch.autocast:
@@ -76,8 +79,16 @@ def conv_available() -> bool:
 class FusedConv(nn.Module):
     """``conv`` (bias or not), then optionally ``+ shortcut``, then optionally ReLU, as one oneDNN call.
 
+    The weights are laid out in oneDNN's blocked format for each input shape met, from the shape itself
+    (:data:`LAYOUTS` shapes are kept, the least recently used dropped): a layout chosen without the shape, or for
+    another batch, can differ from the one the kernel then picks, and every call reorders the weights again. On an
+    AMD EPYC (AVX-512 BF16, no AMX, two threads) namc_base's bf16 grid took 226 ms for 2 images with weights laid
+    out without a shape and 46 ms with them laid out for (2, C, H, W); in fp32, weights laid out for one image cost
+    204 against 83 ms at 2 images (a 1024 x 256 x 1 x 1 weight reordered from ``Acdb64a`` to ``Acdb48a`` at every
+    call).
+
     Args:
-        conv: a 2-d convolution with zero padding; its weights are reordered (in their dtype) at construction.
+        conv: a 2-d convolution with zero padding; its weights are kept (in their dtype) to lay out per input shape.
         relu: apply ReLU to the result.
     """
 
@@ -86,21 +97,36 @@ class FusedConv(nn.Module):
         if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
             raise ValueError(f"oneDNN fusion needs explicit zero padding, got {conv.padding!r} / {conv.padding_mode}")
         self.geometry = (list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups)
-        weight = conv.weight.detach()
-        self.dtype = weight.dtype
-        # plain attributes, not parameters or buffers: an opaque oneDNN tensor has no storage to save or copy
-        self.weight = torch.ops.mkldnn._reorder_convolution_weight(weight, *self.geometry, None)
+        # plain attributes, not parameters or buffers: the fused encoder is for inference only, and the layouts are
+        # opaque oneDNN tensors without storage to save or copy
+        self.plain = conv.weight.detach()
+        self.dtype = self.plain.dtype
+        self.layouts: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()  # input shape -> laid-out weights
         self.bias = None if conv.bias is None else conv.bias.detach().to(self.dtype)
         self.relu = relu
 
+    def weight_for(self, x: torch.Tensor) -> torch.Tensor:
+        """The weights laid out for inputs of ``x``'s shape (made on the first call with that shape)."""
+        key = tuple(x.shape)
+        weight = self.layouts.get(key)
+        if weight is None:
+            weight = torch.ops.mkldnn._reorder_convolution_weight(self.plain, *self.geometry, list(key))
+            self.layouts[key] = weight
+            if len(self.layouts) > LAYOUTS:
+                self.layouts.popitem(last=False)
+        else:
+            self.layouts.move_to_end(key)
+        return weight
+
     def forward(self, x: torch.Tensor, shortcut: torch.Tensor | None = None) -> torch.Tensor:
         x = x.to(self.dtype)
+        weight = self.weight_for(x)
         if shortcut is None:
             attr = "relu" if self.relu else "none"
-            return torch.ops.mkldnn._convolution_pointwise(x, self.weight, self.bias, *self.geometry, attr, [], "")
+            return torch.ops.mkldnn._convolution_pointwise(x, weight, self.bias, *self.geometry, attr, [], "")
         unary = "relu" if self.relu else None
         return torch.ops.mkldnn._convolution_pointwise.binary(
-            x, shortcut.to(self.dtype), self.weight, self.bias, *self.geometry, "add", None, unary, [], ""
+            x, shortcut.to(self.dtype), weight, self.bias, *self.geometry, "add", None, unary, [], ""
         )
 
     def extra_repr(self) -> str:
