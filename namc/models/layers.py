@@ -52,12 +52,12 @@ def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     True where a key may be attended.
 
     For a single query, the CPU kernel behind ``scaled_dot_product_attention`` (flash attention, blocked for long
-    query sequences) is the slower choice: on FDG's cross-attention at batch 32 (12 heads, 392 keys; one thread of
-    an AMD EPYC with AVX-512 BF16) 13.3 vs 2.1 ms in bf16, where this reads keys and values once and is bound by
-    memory (fp32: 5.3 vs 4.1 ms, but under 10% over a whole decoding, so fp32 keeps the fused kernel; so do bf16
-    batches under 8 rows: namc_base's bf16 decoding on two threads, interleaved, 0.91-1.00x at batch 1-4, 1.03x at
-    8, 1.24x at 16, 1.35x at 32). The scores
-    are rounded to the inputs' dtype before the softmax (the fused kernel keeps them in fp32).
+    query sequences) is the slower choice: for 32 rows of 12 heads over 392 keys (one thread of an AMD EPYC with
+    AVX-512 BF16) 13.3 vs 2.1 ms in bf16, where this reads keys and values once and is bound by memory (fp32: 5.3
+    vs 4.1 ms, but under 10% over a whole decoding, so fp32 keeps the fused kernel; so do bf16 batches under 8
+    rows: namc_base's bf16 decoding on two threads, interleaved, 0.91-1.00x at batch 1-4, 1.03x at 8, 1.24x at 16,
+    1.35x at 32). The scores are rounded to the inputs' dtype before the softmax (the fused kernel keeps them in
+    fp32).
     """
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))  # (B, H, 1, S)
     if mask is not None:
