@@ -25,11 +25,12 @@
 
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
-weights. Quality against fp32 is measured, not assumed (tests/test_precision.py, the README). On the demo's
-test split (namc_tiny at width 32, 700 pairs) folding BatchNorm alone changes no caption and a +-0.5/255 pixel
-perturbation 0.1%, while bf16 changes 10.7% of the captions (MIR in bf16 with an fp32 residual stream: 11.3%) and
-int8 12.4%, with CIDEr-D +0.8 and +0.6 over fp32: at width 32 the rounding of bf16 / int8 flips the near-ties
-between paraphrases.
+weights. Quality against fp32 is measured, not assumed (tests/test_precision.py, the README; ``FinetuneModule
+(inference_precision=...)`` with ``namc eval --compare`` measures it on any test split). On the demo's test split
+(three namc_tiny models at width 32, 700 pairs each) bf16 changes 4.6-13.0% of the captions and int8 6.0-11.4%,
+with CIDEr-D +0.4 +- 1.1 and +1.6 +- 1.2 over fp32; a caption changes where fp32's choice led its runner-up by a
+median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8; tools/precision_margins.py): the rounding flips
+near-ties between paraphrases. Folding BatchNorm alone changes no caption.
 """
 
 from __future__ import annotations
