@@ -141,7 +141,7 @@ class FDG(nn.Module):
         x = F.embedding(tokens, self.tok.weight) + self.pos[position]  # (b, D)
         D = x.shape[1]
         mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
-        # the fused SDPA kernel is slow for one query in bf16 from 8 rows up (attend_one); fp32 keeps it (no gain)
+        # the fused SDPA kernel is slow for one query in bf16 from 8 rows up (attend_one); fp32 keeps it (bit for bit)
         many = b >= onednn.MIN_ROWS and x.device.type == "cpu" and cross_kv[0][0].dtype != torch.float32
         attend = attend_one if many else F.scaled_dot_product_attention
         for block, cache, (k_mem, v_mem), w in zip(self.blocks, caches, cross_kv, fused):
