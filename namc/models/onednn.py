@@ -108,14 +108,13 @@ class FusedConv(nn.Module):
     def weight_for(self, x: torch.Tensor) -> torch.Tensor:
         """The weights laid out for inputs of ``x``'s shape (made on the first call with that shape)."""
         key = tuple(x.shape)
-        weight = self.layouts.get(key)
+        # pop and re-insert (each atomic): threads sharing an inference copy never see a half-moved entry
+        weight = self.layouts.pop(key, None)
         if weight is None:
             weight = torch.ops.mkldnn._reorder_convolution_weight(self.plain, *self.geometry, list(key))
-            self.layouts[key] = weight
-            if len(self.layouts) > LAYOUTS:
-                self.layouts.popitem(last=False)
-        else:
-            self.layouts.move_to_end(key)
+        self.layouts[key] = weight  # the most recently used last
+        while len(self.layouts) > LAYOUTS:
+            self.layouts.popitem(last=False)
         return weight
 
     def forward(self, x: torch.Tensor, shortcut: torch.Tensor | None = None) -> torch.Tensor:
