@@ -23,7 +23,7 @@ from namc.models import fdg as fdg_module
 from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.grid import GridEncoder
-from namc.models.precision import PRECISIONS, check_precision, inference_copy
+from namc.models.precision import PRECISIONS, calibrate_int8, check_precision, inference_copy
 
 PAIRS = 16
 # Share of identical captions each precision must reach against fp32 on the 48 pairs. bf16 keeps 8 mantissa bits
@@ -82,11 +82,15 @@ def trained(one_thread):
     return model.eval(), images[0], images[1]
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid"])
 def test_low_precision_captions_agree_with_fp32(trained, precision):
     model, images_1, images_2 = trained
     fp32 = model.generate(images_1, images_2)
     assert len(set(fp32[:PAIRS])) == PAIRS  # the fixture's model writes a different caption for every trained pair
+    if precision == "int8 static grid":  # the grid's blocks in int8 too, calibrated on the trained pairs' images
+        model = copy.deepcopy(model)
+        calibrate_int8(model, [images_1[:PAIRS], images_2[:PAIRS]])
+        precision = "int8"
     low = model.generate(images_1, images_2, precision=precision)
     same = [a == b for a, b in zip(fp32, low)]
     assert all(same[:PAIRS])  # the trained pairs have wide margins

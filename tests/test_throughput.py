@@ -232,16 +232,19 @@ def test_omp_wait_policy_reruns_in_a_child_process(tmp_path, monkeypatch):
     assert tp.validate_report(report) == []
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
-def test_low_precision_run(tmp_path, precision):
-    """A bf16 / int8 run: namc's precision copy decodes, the matmul reference is measured in that precision."""
+@pytest.mark.parametrize(("precision", "grid"), [("bf16", "bf16"), ("int8", "int8"), ("int8", "fp32")])
+def test_low_precision_run(tmp_path, precision, grid):
+    """A bf16 / int8 run: namc's precision copy decodes, the matmul reference is measured in that precision; int8's
+    grid is static int8 (calibrated on the synthetic images) unless ``--int8-grid fp32``."""
     out = tmp_path / "low.json"
     argv = ["--model", "namc_tiny", "--batch-sizes", "2", "--modes", "decode", "e2e", "--reference", "decode"]
     argv += ["--precision", precision, "--output", str(out), *QUICK]
+    argv += ["--int8-grid", "fp32"] if precision == "int8" and grid == "fp32" else []
     assert tp.main(argv) == 0
     report = json.loads(out.read_text())
     assert tp.validate_report(report) == []
     assert report["settings"]["precision"] == precision
+    assert report["model"]["grid_precision"] == grid
     assert report["matmul"]["dtype"] == {"bf16": "bfloat16", "int8": "int8"}[precision]
     assert all(e["tokens_per_call"] == 10 for e in report["inference"])
 

@@ -10,6 +10,8 @@ C feature channels.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from pathlib import Path
 
 import timm
@@ -159,6 +161,33 @@ class GridEncoder(nn.Module):
 
         return fuse_resnet(self.backbone)
 
+    def int8_peaks(self, batches: Iterable[torch.Tensor]) -> list[list[float]]:
+        """Calibrate a static int8 grid: the largest activation of every block (input, each inner convolution,
+        output; :func:`namc.models.qconv.calibrate_resnet`) over ``batches`` of (B, 3, H, W) images in [0, 1], seen
+        by a folded, fused fp32 copy of this frozen encoder (the one :meth:`quantize_int8` quantises)."""
+        from namc.models.qconv import calibrate_resnet
+
+        twin = copy.deepcopy(self).eval()
+        twin.fold_batchnorm()
+        if not twin.fuse_onednn():
+            raise RuntimeError("static int8 needs oneDNN's fused convolutions, which this torch build lacks")
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            return calibrate_resnet(twin.backbone, (twin._normalize(images.float()) for images in batches))
+
+    def quantize_int8(self, peaks: list[list[float]]) -> int:
+        """Run the blocks of this folded, fused fp32 encoder in static int8 (:func:`namc.models.qconv.quantize_resnet`)
+        with activation scales from :meth:`int8_peaks`. Inference only, like :meth:`fuse_onednn`.
+
+        Returns:
+            how many convolutions now run in int8 (0 where this torch build lacks the kernels).
+        """
+        from namc.models.qconv import quantize_resnet
+
+        return quantize_resnet(self.backbone, peaks)
+
+    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
+        return ((images - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
+
     def grid_size(self, image_size: int) -> int:
         """Grid cells per side for a square ``image_size`` input (14 for ResNet layer3 at 224 px).
 
@@ -187,6 +216,6 @@ class GridEncoder(nn.Module):
         if H % self.stride or W % self.stride:
             raise ValueError(f"image size {H}x{W} is not a multiple of the grid stride {self.stride}")
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
-            x = ((images - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
+            x = self._normalize(images)
             features = self.backbone(x)[0]  # (B, C, h, w)
         return features.flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h*w, C)

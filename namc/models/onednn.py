@@ -31,6 +31,7 @@ from torch import nn
 __all__ = [
     "FusedBlock",
     "FusedConv",
+    "ShapeCache",
     "conv_available",
     "dense",
     "fuse_resnet",
@@ -76,6 +77,25 @@ def conv_available() -> bool:
     return _CONV_OK
 
 
+class ShapeCache(OrderedDict):
+    """Weights laid out for each input shape met, made by ``make(shape)`` on first use; the :data:`LAYOUTS` most
+    recently used are kept (oldest first)."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+
+    def for_shape(self, shape: tuple[int, ...]) -> torch.Tensor:
+        # pop and re-insert (each atomic): threads sharing an inference copy never see a half-moved entry
+        weight = self.pop(shape, None)
+        if weight is None:
+            weight = self.make(shape)
+        self[shape] = weight  # the most recently used last
+        while len(self) > LAYOUTS:
+            self.popitem(last=False)
+        return weight
+
+
 class FusedConv(nn.Module):
     """``conv`` (bias or not), then optionally ``+ shortcut``, then optionally ReLU, as one oneDNN call.
 
@@ -101,21 +121,16 @@ class FusedConv(nn.Module):
         # opaque oneDNN tensors without storage to save or copy
         self.plain = conv.weight.detach()
         self.dtype = self.plain.dtype
-        self.layouts: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()  # input shape -> laid-out weights
+        self.layouts = ShapeCache(self._layout)  # input shape -> laid-out weights
         self.bias = None if conv.bias is None else conv.bias.detach().to(self.dtype)
         self.relu = relu
 
+    def _layout(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_convolution_weight(self.plain, *self.geometry, list(shape))
+
     def weight_for(self, x: torch.Tensor) -> torch.Tensor:
         """The weights laid out for inputs of ``x``'s shape (made on the first call with that shape)."""
-        key = tuple(x.shape)
-        # pop and re-insert (each atomic): threads sharing an inference copy never see a half-moved entry
-        weight = self.layouts.pop(key, None)
-        if weight is None:
-            weight = torch.ops.mkldnn._reorder_convolution_weight(self.plain, *self.geometry, list(key))
-        self.layouts[key] = weight  # the most recently used last
-        while len(self.layouts) > LAYOUTS:
-            self.layouts.popitem(last=False)
-        return weight
+        return self.layouts.for_shape(tuple(x.shape))
 
     def forward(self, x: torch.Tensor, shortcut: torch.Tensor | None = None) -> torch.Tensor:
         x = x.to(self.dtype)

@@ -38,16 +38,25 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["PRECISIONS", "check_precision", "inference_copy", "precision_context", "run_context"]
+__all__ = [
+    "PRECISIONS",
+    "calibrate_int8",
+    "check_precision",
+    "inference_copy",
+    "int8_grid",
+    "precision_context",
+    "run_context",
+]
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {precision: (fingerprint, copy)}
+_PEAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (grid fingerprint, int8 activation peaks)
 
 
 def check_precision(precision: str, device: torch.device | str = "cpu") -> None:
@@ -69,6 +78,24 @@ def _fingerprint(model: nn.Module) -> tuple:
             version = -1
         out.append((id(t), t.data_ptr(), version))
     return tuple(out)
+
+
+def calibrate_int8(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
+    """Calibrate the static int8 grid of ``model``'s ``int8`` copy on ``batches`` of (B, 3, H, W) images in [0, 1]
+    (a few hundred images like the ones to caption: both images of each pair). From then on the ``int8`` copy runs
+    the grid's ResNet blocks in static int8 (:mod:`namc.models.qconv`) instead of fp32, until the grid's weights
+    change. Without calibration ``int8`` keeps the fp32 grid (activation scales need images to come from).
+    """
+    peaks = model.grid.int8_peaks(batches)
+    _PEAKS[model] = (_fingerprint(model.grid), peaks)
+    _COPIES.get(model, {}).pop("int8", None)  # rebuilt with the static grid on next use
+
+
+def int8_grid(model: nn.Module) -> str:
+    """What the grid of ``model``'s ``int8`` copy runs in: ``"int8"`` once :func:`calibrate_int8` calibrated it for
+    the current grid weights, else ``"fp32"``."""
+    entry = _PEAKS.get(model)
+    return "int8" if entry is not None and entry[0] == _fingerprint(model.grid) else "fp32"
 
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
@@ -100,7 +127,9 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         else:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-            twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
+            fused = twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
+            if fused and int8_grid(model) == "int8":
+                twin.grid.quantize_int8(_PEAKS[model][1])  # static int8 blocks, scales from calibrate_int8
             twin.mir = quantize_dynamic(twin.mir, {nn.Linear: per_channel_dynamic_qconfig})
             twin.fdg.pack_step("int8")
     cached[precision] = (key, twin)

@@ -22,7 +22,15 @@ from pathlib import Path
 
 from namc.eval.throughput.harness import run_benchmark
 from namc.eval.throughput.report import format_table
-from namc.eval.throughput.settings import DTYPES, LENGTH_MODES, MODES, PRECISIONS, REFERENCES, BenchmarkSettings
+from namc.eval.throughput.settings import (
+    DTYPES,
+    INT8_GRIDS,
+    LENGTH_MODES,
+    MODES,
+    PRECISIONS,
+    REFERENCES,
+    BenchmarkSettings,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -44,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision", default=d.precision, choices=PRECISIONS,
         help="CPU inference precision of namc and the CLIP4IDC peer: fp32, bf16 (bf16 weights, oneDNN), int8 "
         "(dynamic int8 linear layers) (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--int8-grid", default=d.int8_grid, choices=INT8_GRIDS,
+        help="with --precision int8: the ResNet grid's blocks in static int8, calibrated on the benchmark's synthetic "
+        "images (timing only), or fp32 as in an uncalibrated model (default %(default)s)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=d.threads, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="default %(default)s (appendix F)")

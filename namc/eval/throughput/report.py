@@ -89,7 +89,7 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
     backs = ", ".join(f"{k} {v['median'] / 1e9:.1f}" for k, v in mm["backends"].items())
     return [
         f"namc benchmark  model={mdl['name']} ({mdl['source']})  device={m['device']}  dtype={s['dtype']}  "
-        f"precision={s['precision']}  compile={s['compile']}  "
+        f"precision={s['precision']} (grid {mdl.get('grid_precision', s['precision'])})  compile={s['compile']}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
         f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch_version']}"
         + (f", GPU {m['gpu']['name']}" if m["gpu"] else "")

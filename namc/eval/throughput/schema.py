@@ -15,6 +15,7 @@ from typing import Any
 
 from namc.eval.throughput.settings import (
     DTYPES,
+    INT8_GRIDS,
     LENGTH_MODES,
     MODES,
     PRECISIONS,
@@ -94,6 +95,9 @@ _SETTINGS = {
     "precision": _enum(
         PRECISIONS, "CPU inference precision of namc and the peer (`namc.models.precision`); `fp32` on CUDA"
     ),
+    "int8_grid": _enum(
+        INT8_GRIDS, "with `precision` int8: the grid blocks in static int8 (calibrated on the synthetic inputs) or fp32"
+    ),
     "threads": _field(["integer", "null"], "`torch.set_num_threads` for the run (null: torch's default)"),
     "max_new_tokens": _field("integer", "generation limit (23 in the paper, appendix F)", minimum=1),
     "length_mode": _enum(LENGTH_MODES, _LENGTH_MODE),
@@ -171,6 +175,9 @@ _MODEL = {
     "fdg_layers": _field("integer", "decoder (FDG) layers"),
     "vocab_size": _field("integer", "V"),
     "memory_positions": _field("integer", "N, grid positions per image (196 at 224 px)"),
+    "grid_precision": _enum(
+        ["fp32", "bf16", "int8"], "what the grid ran in (`int8` precision: static int8 once calibrated, else fp32)"
+    ),
     "parameters": _object(
         {name: _field("integer", meaning, minimum=0) for name, meaning in _PARAMETER_COUNTS.items()},
         "`NAMC.num_parameters()`; the other counts that method returns are kept too",

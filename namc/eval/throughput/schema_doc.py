@@ -86,7 +86,9 @@ produced none). Every inference and reference entry repeats the `length_mode` it
 **Precision.** `precision` `bf16` / `int8` (CPU): namc runs `namc.models.precision.inference_copy(model,
 precision)` (BatchNorm folded; bf16 weights, or dynamic int8 linear layers), the peer a copy converted the same way,
 and `matmul` is measured in that precision (`int8`: the dynamic int8 linear layer), so `flops.efficiency` compares
-with the GEMM rate of the precision the decoder runs in.
+with the GEMM rate of the precision the decoder runs in. With `int8` and `int8_grid` `static` (the default) the grid's
+ResNet blocks run in static int8 (`namc.models.precision.calibrate_int8`, calibrated on 16 synthetic images of the
+run's seed: scales change no timing); `model.grid_precision` says what the grid ran in.
 
 **Repeats.** Each measurement is `warmup` untimed calls followed by `repeats` timed calls (on CUDA with
 `torch.cuda.synchronize()` around each), summarised by a [stats](#stats) object; its peak memory is measured over

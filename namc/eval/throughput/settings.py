@@ -19,6 +19,7 @@ __all__ = [
     "PRECISIONS",
     "PRETRAIN_EPOCHS",
     "PRETRAIN_PAIRS",
+    "INT8_GRIDS",
     "REFERENCES",
     "THREADING_ENV",
     "BenchmarkSettings",
@@ -37,6 +38,7 @@ PRETRAIN_EPOCHS = 20  # appendix F: "Pre-training is carried out for 20 epochs"
 MODES = ("decode", "grid", "e2e")
 REFERENCES = ("none", "decode", "clip4idc", "all")
 PRECISIONS = ("fp32", "bf16", "int8")  # namc.models.precision.PRECISIONS (models may not import eval)
+INT8_GRIDS = ("static", "fp32")
 LENGTH_MODES = ("fixed", "eos")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: environment variables that change CPU threading behaviour; recorded in every report
@@ -54,6 +56,10 @@ class BenchmarkSettings:
         dtype: ``float32``; ``float16`` / ``bfloat16`` on CUDA only (the whole model converted).
         precision: ``fp32``, ``bf16`` or ``int8``: on a CPU, namc runs its inference copy at that precision
             (:mod:`namc.models.precision`) and the CLIP4IDC peer a copy converted the same way.
+        int8_grid: with ``precision="int8"``, the grid's ResNet blocks in ``static`` int8
+            (:func:`namc.models.precision.calibrate_int8`, calibrated on the benchmark's own synthetic images: the
+            scales change no timing, and no caption here means anything) or in ``fp32`` (what an uncalibrated
+            model runs).
         threads: ``torch.set_num_threads`` (None: leave torch's default).
         max_new_tokens: tokens generated per pair (23 in the paper, appendix F).
         length_mode: ``fixed`` (EOS ignored: exactly ``max_new_tokens`` per pair) or ``eos``.
@@ -78,6 +84,7 @@ class BenchmarkSettings:
     device: str = "cpu"
     dtype: str = "float32"
     precision: str = "fp32"
+    int8_grid: str = "static"
     threads: int | None = None
     max_new_tokens: int = 23
     length_mode: str = "fixed"
@@ -118,6 +125,8 @@ class BenchmarkSettings:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.int8_grid not in INT8_GRIDS:
+            raise ValueError(f"int8_grid must be one of {INT8_GRIDS}, got {self.int8_grid!r}")
         if self.precision != "fp32" and (torch.device(self.device).type != "cpu" or self.dtype != "float32"):
             raise ValueError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
         if torch.device(self.device).type != "cuda" and self.dtype != "float32":

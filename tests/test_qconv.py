@@ -1,0 +1,131 @@
+"""Static int8 grid (namc.models.qconv, GridEncoder.int8_peaks / quantize_int8, precision.calibrate_int8).
+
+The kernels are checked against a float convolution of the same int8 codes (the only rounding left is the output's
+own quantisation), a whole quantised ResNet against the fp32 one it came from, and the calibration's life cycle on a
+model: the ``int8`` copy runs the static grid once calibrated and goes back to fp32 when the grid's weights change.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import namc
+from namc.models import onednn, qconv
+from namc.models.grid import GridEncoder
+from namc.models.precision import calibrate_int8, inference_copy, int8_grid
+
+pytestmark = pytest.mark.skipif(
+    not (onednn.conv_available() and qconv.qconv_available()), reason="this torch build lacks oneDNN's int8 kernels"
+)
+
+
+def _codes(conv: qconv.QuantConv) -> torch.Tensor:
+    return conv.codes.float() * conv.w_scales[:, None, None, None]
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 9, 9), (5, 16, 6, 7)])
+def test_quant_conv_is_a_float_convolution_of_its_codes(shape):
+    """Plain (uint8 out, fp32 out) and with a shortcut (uint8 + uint8, fp32 + fp32): every form equals the float
+    convolution of the dequantised input and weights, up to one step of a uint8 output's scale (half a step of
+    rounding, and room for CPUs without VNNI, where oneDNN halves the weights to keep its int16 sums from
+    saturating)."""
+    g = torch.Generator().manual_seed(0)
+    conv = torch.nn.Conv2d(16, 24, 3, padding=1, stride=1).eval()
+    fused = onednn.FusedConv(conv, relu=True)
+    x = torch.rand(*shape, generator=g).contiguous(memory_format=torch.channels_last)
+    in_scale, out_scale = 1 / 255, 0.01
+    qx = qconv.quantize_u8(x, in_scale)
+    assert qx.dtype == torch.uint8 and qx.is_contiguous(memory_format=torch.channels_last)
+    dq = qx.float() * in_scale
+    with torch.inference_mode():
+        raw = F.conv2d(dq, _codes(qconv.QuantConv(fused, in_scale, None)), conv.bias, padding=1)
+        shortcut = torch.rand(shape[0], 24, *shape[2:], generator=g).contiguous(memory_format=torch.channels_last)
+        q_short = qconv.quantize_u8(shortcut, in_scale)
+        cases = [
+            (qconv.QuantConv(fused, in_scale, None), (), torch.relu(raw), 1e-4),
+            (qconv.QuantConv(fused, in_scale, out_scale), (), torch.relu(raw), out_scale),
+            (qconv.QuantConv(fused, in_scale, out_scale), (q_short.clone(), in_scale),
+             torch.relu(raw + q_short.float() * in_scale), out_scale),
+            (qconv.QuantConv(fused, in_scale, None), (shortcut.clone(),), torch.relu(raw + shortcut), 1e-4),
+        ]  # fmt: skip
+        for module, extra, expected, tol in cases:
+            out = module(qx, *extra)
+            got = out.float() * out_scale if out.dtype == torch.uint8 else out
+            assert out.dtype == (torch.float32 if module.out_scale is None else torch.uint8)
+            torch.testing.assert_close(got, expected, rtol=0, atol=tol)
+        with pytest.raises(ValueError, match="uint8 shortcut"):
+            qconv.QuantConv(fused, in_scale, None)(qx, q_short, in_scale)
+
+
+def _grid(arch: str) -> GridEncoder:
+    torch.manual_seed(0)
+    grid = GridEncoder(arch, 3).eval()
+    for m in grid.modules():  # BatchNorm statistics of a trained net: timm's init zeroes every residual branch
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 2.0)
+    return grid
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "resnet26"])  # BasicBlock; Bottleneck with strided downsampling
+def test_static_int8_grid_is_close_to_the_fp32_grid(arch):
+    grid = _grid(arch)
+    g = torch.Generator().manual_seed(1)
+    calibration = [torch.rand(4, 3, 64, 64, generator=g) for _ in range(2)]
+    peaks = grid.int8_peaks(calibration)
+
+    def fused() -> GridEncoder:  # a fused encoder cannot be copied: fold and fuse a fresh copy each time
+        out = copy.deepcopy(grid)
+        out.fold_batchnorm()
+        out.fuse_onednn()
+        return out
+
+    fp32, int8, clipped = fused(), fused(), fused()
+    convs = sum(len(b.inner) + 1 + (b.downsample is not None) for b in qconv._blocks(fp32.backbone))
+    assert int8.quantize_int8(peaks) == convs
+    assert not any(isinstance(m, onednn.FusedBlock) for m in int8.modules())
+    clipped.quantize_int8([[p / 20 for p in block] for block in peaks])  # scales far too small: saturation
+    with torch.inference_mode():
+        for images in (torch.rand(3, 3, 64, 64, generator=g), torch.rand(1, 3, 96, 128, generator=g)):
+            expected, got = fp32(images), int8(images)
+            assert got.dtype == torch.float32 and got.shape == expected.shape
+            error = ((got - expected).norm() / expected.norm()).item()
+            assert error < 0.05, error  # measured 0.02-0.03 (and 0.031 on ResNet-101 at 224 px)
+            assert ((clipped(images) - expected).norm() / expected.norm()).item() > 4 * error
+
+
+def test_calibration_needs_images_and_a_fused_fp32_grid():
+    grid = _grid("resnet18")
+    with pytest.raises(ValueError, match="at least one batch"):
+        grid.int8_peaks([])
+    with pytest.raises(ValueError, match="fused ResNet"):
+        grid.quantize_int8([[1.0]])  # not folded and fused
+    grid.fold_batchnorm()
+    grid.fuse_onednn()
+    with pytest.raises(ValueError, match="calibrated blocks"):
+        grid.quantize_int8([[1.0, 1.0, 1.0]])
+
+
+def test_calibrate_int8_switches_the_copy_grid_until_the_grid_changes():
+    torch.manual_seed(0)
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(2, 4, 3, 64, 64, generator=g)
+    assert int8_grid(model) == "fp32"
+    before = inference_copy(model, "int8")
+    assert not any(isinstance(m, qconv.QuantBlock) for m in before.modules())
+    calibrate_int8(model, [a, b])
+    assert int8_grid(model) == "int8"
+    twin = inference_copy(model, "int8")
+    assert twin is not before and any(isinstance(m, qconv.QuantBlock) for m in twin.grid.modules())
+    ids = model.generate_ids(a, b, max_new_tokens=5, precision="int8")
+    assert ids.shape[0] == 4
+    with torch.no_grad():
+        next(model.grid.parameters()).mul_(1.5)  # new grid weights: the peaks no longer describe them
+    assert int8_grid(model) == "fp32"
+    assert not any(isinstance(m, qconv.QuantBlock) for m in inference_copy(model, "int8").modules())
