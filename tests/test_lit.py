@@ -249,6 +249,19 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
     trainer.test(module, datamodule=dm, verbose=False)
     assert isinstance(module.scores["test"]["overall"]["CIDEr-D"], float)
 
+    # int8: the static grid is calibrated on the training split before the first captions (not without pairs)
+    with pytest.raises(ValueError, match="int8_calibration_pairs"):
+        FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, int8_calibration_pairs=-1)
+    for pairs, grid in ((0, "fp32"), (12, "int8")):
+        module = FinetuneModule(
+            pretrained=path, tokenizer=dm.caption_tokenizer, inference_precision="int8", int8_calibration_pairs=pairs
+        )
+        _trainer(fast_dev_run=True).test(module, datamodule=dm, verbose=False)
+        assert precision.int8_grid(module.model) == grid
+        assert isinstance(module.scores["test"]["overall"]["CIDEr-D"], float)
+    ids = module._generate_ids(batch)
+    assert torch.equal(ids, module.model.generate_ids(batch["image1"], batch["image2"], 23, precision="int8"))
+
 
 def test_finetune_can_train_the_grid_encoder(shapes: dict, pretrained_ckpt: dict) -> None:
     path = str(pretrained_ckpt["path"])

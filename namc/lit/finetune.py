@@ -6,6 +6,7 @@ x100)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import torch
 
 from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, caption_evaluator
 from namc.models import create_model, load_model
-from namc.models.precision import check_precision
+from namc.models.precision import calibrate_int8, check_precision, int8_grid
 from namc.objectives import FINETUNE_LR, finetune_step
 from namc.ops.distributed import broadcast_object, gather_objects
 from namc.text.tokenizer import CaptionTokenizer, same_tokenizer
@@ -45,6 +46,9 @@ class FinetuneModule(NAMCModule):
             predict captions are generated in (:mod:`namc.models.precision`; losses and training stay as the
             Trainer's ``precision`` says). With ``namc eval --compare`` this measures what a precision changes:
             ``namc test ... --model.init_args.inference_precision bf16``.
+        int8_calibration_pairs: with ``int8``, the first this many pairs of the datamodule's training split (both
+            images of each) calibrate the static int8 grid (:func:`namc.models.precision.calibrate_int8`) before the
+            first int8 captions; 0, or a datamodule without a benchmark training split: the grid runs in fp32.
         cache_grids: memoise the frozen ResNet grid of every image in memory (the paper pre-extracts them); for
             small datasets only.
         grid_trainable: train the grid encoder too (None: as the model's config says; the paper keeps its
@@ -66,6 +70,7 @@ class FinetuneModule(NAMCModule):
         max_new_tokens: int = 23,
         num_beams: int = 1,
         inference_precision: str = "fp32",
+        int8_calibration_pairs: int = 64,
         cache_grids: bool = False,
         grid_trainable: bool | None = None,
         spice: bool = False,
@@ -73,6 +78,8 @@ class FinetuneModule(NAMCModule):
     ) -> None:
         super().__init__(seed)
         check_precision(inference_precision)
+        if int8_calibration_pairs < 0:
+            raise ValueError(f"int8_calibration_pairs must be >= 0, got {int8_calibration_pairs}")
         self.save_hyperparameters(ignore=["tokenizer"])
         if pretrained is not None:
             if overrides:
@@ -132,10 +139,30 @@ class FinetuneModule(NAMCModule):
         """(B, T) caption ids of a batch, at ``inference_precision`` (in a low precision from the pixels: the
         memoised grids are the fp32 grid encoder's)."""
         h = self.hparams
+        if h.inference_precision == "int8" and h.int8_calibration_pairs and int8_grid(self.model) == "fp32":
+            self._calibrate_int8(h.int8_calibration_pairs)
         grid1, grid2 = self._grids_of(batch) if h.inference_precision == "fp32" else (None, None)
         return self.model.generate_ids(
             batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, grid1, grid2, h.inference_precision
         )
+
+    def _calibrate_int8(self, pairs: int) -> None:
+        """Calibrate the static int8 grid on the first ``pairs`` readable pairs of the training split, in dataset
+        order (no sampler is touched: a resumed run's data order stays as it was)."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if not hasattr(datamodule, "split"):
+            if not getattr(self, "_warned_int8", False):
+                logger.warning("int8: no benchmark training split to calibrate the grid on; the grid runs in fp32")
+                self._warned_int8 = True
+            return
+        train = datamodule.split("train")
+        items = (train[i] for i in range(len(train)))
+        chosen = list(itertools.islice((it for it in items if it is not None), pairs))  # unreadable: skipped, counted
+        device = self.model.fdg.tok.weight.device
+        batches = [torch.stack([item[key] for item in chosen[i : i + 16]]).to(device)
+                   for i in range(0, len(chosen), 16) for key in ("image1", "image2")]  # fmt: skip
+        calibrate_int8(self.model, batches)
+        logger.info("int8: grid calibrated on %d training pairs", len(chosen))
 
     def _generate(self, batch: dict[str, Any], stage: str) -> list[str]:
         ids = self._generate_ids(batch)  # (B, T)
