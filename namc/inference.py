@@ -73,7 +73,8 @@ def describe(
         max_image_pixels: an image file whose width x height exceeds this is refused before decoding
             (:class:`~namc.data.transforms.ImageTooLargeError`); None: no cap.
         precision: ``fp32`` (default), ``bf16`` (CPU: bf16 weights; CUDA: autocast) or ``int8`` (CPU: dynamic
-            int8 linear layers); see :mod:`namc.models.precision` for speed and agreement with fp32.
+            int8 linear layers; the grid in static int8 once :func:`~namc.models.precision.calibrate_int8` has
+            calibrated the model, else fp32); see :mod:`namc.models.precision` for speed and agreement with fp32.
 
     Returns:
         one caption, or a list of captions when lists were given.

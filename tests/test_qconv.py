@@ -57,6 +57,13 @@ def test_quant_conv_is_a_float_convolution_of_its_codes(shape):
             got = out.float() * out_scale if out.dtype == torch.uint8 else out
             assert out.dtype == (torch.float32 if module.out_scale is None else torch.uint8)
             torch.testing.assert_close(got, expected, rtol=0, atol=tol)
+        # a signed output (no ReLU): zero point 128; then added as a uint8 shortcut of that zero point
+        signed_scale = raw.abs().max().item() / 127
+        signed = qconv.QuantConv(onednn.FusedConv(conv, relu=False), in_scale, signed_scale, 128)(qx)
+        torch.testing.assert_close((signed.float() - 128) * signed_scale, raw, rtol=0, atol=signed_scale)
+        summed = qconv.QuantConv(fused, in_scale, out_scale)(qx, signed.clone(), signed_scale, 128)
+        expected = torch.relu(raw + (signed.float() - 128) * signed_scale)
+        torch.testing.assert_close(summed.float() * out_scale, expected, rtol=0, atol=out_scale)
         with pytest.raises(ValueError, match="uint8 shortcut"):
             qconv.QuantConv(fused, in_scale, None)(qx, q_short, in_scale)
 

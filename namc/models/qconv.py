@@ -10,9 +10,9 @@ same oneDNN kernels (``torch.ops.onednn.qconv2d_pointwise``), called from module
 - Activations: uint8 (every quantised activation follows a ReLU), one static scale per tensor, ``max / 255`` of what
   :func:`calibrate_resnet` observed on calibration images. Between blocks the activations stay uint8; the residual
   addition and the ReLU are fused into the block's last convolution.
-- Stays in floating point: the stem (its input, the normalised pixels, is signed) and the max-pool; the outputs of
-  the downsampling shortcuts (signed: int8 in, fp32 out; their blocks add and return fp32, the next block quantises)
-  and of the grid's last block (fp32 for MIR).
+- The downsampling shortcuts' outputs are signed: uint8 with zero point 128, scale ``max |x| / 127``.
+- Stays in floating point: the stem (its input, the normalised pixels, is signed) and the max-pool; the grid's output
+  (its last block returns fp32 for MIR).
 
 A scale comes from calibration images, not from the input of each call, so the copy's output for an image does not
 depend on what else was encoded before it; images brighter than any seen in calibration saturate at 255.
@@ -45,13 +45,15 @@ def quantize_u8(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 class QuantConv(nn.Module):
     """A fused convolution (:class:`~namc.models.onednn.FusedConv`, fp32 weights) in static int8: uint8 input of
-    scale ``in_scale``, per-channel int8 weights, uint8 output of scale ``out_scale`` (``None``: fp32 output).
+    scale ``in_scale``, per-channel int8 weights, uint8 output of scale ``out_scale`` and zero point ``out_zero``
+    (128 for a signed output) or, with ``out_scale=None``, an fp32 output.
 
-    Called with ``accum`` (the shortcut), adds it before the ReLU: a uint8 ``accum`` (of scale ``accum_scale``)
-    with a uint8 output, or an fp32 ``accum`` and an fp32 output, the two forms oneDNN's kernel accepts.
+    Called with ``accum`` (the shortcut), adds it before the ReLU: a uint8 ``accum`` (of ``accum_scale`` and
+    ``accum_zero``) with a uint8 output, or an fp32 ``accum`` and an fp32 output, the two forms oneDNN's kernel
+    accepts. The kernel adds into ``accum`` in place.
     """
 
-    def __init__(self, conv: FusedConv, in_scale: float, out_scale: float | None) -> None:
+    def __init__(self, conv: FusedConv, in_scale: float, out_scale: float | None, out_zero: int = 0) -> None:
         super().__init__()
         weight = conv.plain.float()
         self.w_scales = (weight.abs().amax(dim=(1, 2, 3)) / 127).clamp_min(1e-12)
@@ -60,31 +62,32 @@ class QuantConv(nn.Module):
         self.bias = None if conv.bias is None else conv.bias.float()
         padding, stride, dilation, groups = conv.geometry
         self.geometry = (stride, padding, dilation, groups)  # the order of the quantised ops' arguments
-        self.in_scale, self.out_scale, self.relu = float(in_scale), out_scale, conv.relu
+        self.in_scale, self.out_scale, self.out_zero, self.relu = float(in_scale), out_scale, out_zero, conv.relu
         self.layouts = ShapeCache(self._layout)
 
     def _layout(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.ops.onednn.qconv_prepack(self.codes, self.w_scales, self.in_scale, 0, *self.geometry, list(shape))
 
-    def forward(self, qx: torch.Tensor, accum: torch.Tensor | None = None, accum_scale: float = 1.0) -> torch.Tensor:
+    def forward(
+        self, qx: torch.Tensor, accum: torch.Tensor | None = None, accum_scale: float = 1.0, accum_zero: int = 0
+    ) -> torch.Tensor:
         weight = self.layouts.for_shape(tuple(qx.shape))
-        head = (qx, self.in_scale, 0, weight, self.w_scales, self.w_zero)
-        out_scale = 1.0 if self.out_scale is None else self.out_scale
-        out_dtype = torch.float32 if self.out_scale is None else None
+        head = (qx, self.in_scale, 0, weight, self.w_scales, self.w_zero, self.bias, *self.geometry)
+        out = (1.0, 0, torch.float32) if self.out_scale is None else (self.out_scale, self.out_zero, None)
         if accum is None:
             attr = "relu" if self.relu else "none"
-            return torch.ops.onednn.qconv2d_pointwise(*head, self.bias, *self.geometry, out_scale, 0, out_dtype, attr,
-                                                      [], "")  # fmt: skip
+            return torch.ops.onednn.qconv2d_pointwise(*head, *out, attr, [], "")
         if (accum.dtype == torch.uint8) != (self.out_scale is not None):
             raise ValueError("a uint8 shortcut needs a uint8 output and an fp32 one an fp32 output")
-        return torch.ops.onednn.qconv2d_pointwise.binary(
-            *head, accum, self.bias, *self.geometry, out_scale, 0, out_dtype, accum_scale, 0, "sum", 1.0,
-            "relu" if self.relu else None, [], "",
-        )  # fmt: skip
+        head = (*head[:6], accum, *head[6:])
+        unary = "relu" if self.relu else None
+        shortcut = (accum_scale, accum_zero, "sum", 1.0)
+        return torch.ops.onednn.qconv2d_pointwise.binary(*head, *out, *shortcut, unary, [], "")
 
     def extra_repr(self) -> str:
         out = "fp32" if self.out_scale is None else f"uint8 x {self.out_scale:.3g}"
-        return f"uint8 x {self.in_scale:.3g} -> {out}, relu={self.relu}"
+        zero = f" - {self.out_zero}" if self.out_zero else ""
+        return f"uint8 x {self.in_scale:.3g} -> {out}{zero}, relu={self.relu}"
 
 
 class QuantBlock(nn.Module):
@@ -92,22 +95,26 @@ class QuantBlock(nn.Module):
 
     Args:
         block: the fused fp32 block.
-        scales: activation scales: the block's input, each inner convolution's output, the block's output (``None``:
-            this block returns fp32, as the last block of the grid and every block with a downsampling shortcut do).
+        peaks: what :func:`calibrate_resnet` saw for it: the largest input, output of each inner convolution and
+            block output (uint8 scales ``peak / 255``), then, with a downsampling shortcut, its largest magnitude
+            (a signed uint8 of zero point 128, scale ``peak / 127``).
+        final: return fp32 (the grid's last block) instead of uint8.
     """
 
-    def __init__(self, block: FusedBlock, scales: list[float | None]) -> None:
+    def __init__(self, block: FusedBlock, peaks: list[float], final: bool = False) -> None:
         super().__init__()
-        if len(scales) != len(block.inner) + 2:
-            raise ValueError(f"expected {len(block.inner) + 2} scales, got {len(scales)}")
-        self.in_scale = float(scales[0])
-        inner_out = scales[1:-1]
-        chain = [self.in_scale, *inner_out]
-        self.inner = nn.ModuleList(QuantConv(c, chain[i], inner_out[i]) for i, c in enumerate(block.inner))
-        # a signed shortcut: int8 in, fp32 out; its block then adds and returns in fp32
-        self.downsample = None if block.downsample is None else QuantConv(block.downsample, self.in_scale, None)
-        out_scale = None if self.downsample is not None else scales[-1]
-        self.last = QuantConv(block.last, chain[-1], out_scale)
+        n = len(block.inner)
+        expected = n + 2 + (block.downsample is not None)
+        if len(peaks) != expected:
+            raise ValueError(f"expected {expected} peaks for this block, got {len(peaks)}")
+        chain = [max(p, 1e-6) / 255 for p in peaks[: n + 2]]  # input, inner outputs, block output
+        self.in_scale = chain[0]
+        self.inner = nn.ModuleList(QuantConv(c, chain[i], chain[i + 1]) for i, c in enumerate(block.inner))
+        self.last = QuantConv(block.last, chain[n], None if final else chain[n + 1])
+        self.downsample = None
+        if block.downsample is not None:  # signed: zero point 128, or fp32 where the block sums in fp32
+            short = None if final else max(peaks[n + 2], 1e-6) / 127
+            self.downsample = QuantConv(block.downsample, self.in_scale, short, 0 if final else 128)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: the previous block's uint8 output, or fp32; the kernel adds into its accumulator in place, so a
@@ -118,11 +125,13 @@ class QuantBlock(nn.Module):
             h = conv(h)
         if self.downsample is not None:
             accum = self.downsample(qx)
+            short = (self.downsample.out_scale or 1.0, self.downsample.out_zero)
         elif self.last.out_scale is not None:
-            accum = qx if qx is not x else qx.clone()
+            accum, short = (qx if qx is not x else qx.clone()), (self.in_scale, 0)
         else:  # the grid's output block: an fp32 sum
             accum = x.float() * self.in_scale if x.dtype == torch.uint8 else x.float().clone()
-        return self.last(h, accum, self.in_scale if accum.dtype == torch.uint8 else 1.0)
+            short = (1.0, 0)
+        return self.last(h, accum, *short)
 
 
 def _blocks(backbone: nn.Module) -> list[FusedBlock]:
@@ -137,22 +146,25 @@ def _blocks(backbone: nn.Module) -> list[FusedBlock]:
 @torch.no_grad()
 def calibrate_resnet(backbone: nn.Module, batches) -> list[list[float]]:
     """Run ``batches`` (normalised, channels-last images) through a fused fp32 ResNet ``backbone`` and return, per
-    block, the largest value seen at its input, after each inner convolution, and at its output."""
+    block, the largest value seen at its input, after each inner convolution and at its output, then the largest
+    magnitude out of its downsampling shortcut if it has one."""
     blocks = _blocks(backbone)
-    peaks = [[0.0] * (len(b.inner) + 2) for b in blocks]
+    peaks = [[0.0] * (len(b.inner) + 2 + (b.downsample is not None)) for b in blocks]
     hooks = []
     for i, block in enumerate(blocks):
 
         def seen(slot: int, i: int = i):
             def hook(module, args, out=None):
                 value = (args[0] if out is None else out).detach()
-                peaks[i][slot] = max(peaks[i][slot], float(value.amax()))
+                peaks[i][slot] = max(peaks[i][slot], float(value.abs().amax()))
 
             return hook
 
         hooks.append(block.register_forward_pre_hook(seen(0)))
         hooks += [conv.register_forward_hook(seen(1 + j)) for j, conv in enumerate(block.inner)]
         hooks.append(block.register_forward_hook(seen(len(block.inner) + 1)))
+        if block.downsample is not None:
+            hooks.append(block.downsample.register_forward_hook(seen(len(block.inner) + 2)))
     try:
         seen_any = False
         for images in batches:
@@ -184,10 +196,7 @@ def quantize_resnet(backbone: nn.Module, peaks: list[list[float]]) -> int:
         if not isinstance(layer, nn.Sequential):
             continue
         for j, block in enumerate(layer):
-            scales: list[float | None] = [max(p, 1e-6) / 255 for p in peaks[index]]
-            if index == len(blocks) - 1:
-                scales[-1] = None
-            layer[j] = QuantBlock(block, scales)
+            layer[j] = QuantBlock(block, peaks[index], final=index == len(blocks) - 1)
             quantised += len(block.inner) + 1 + (block.downsample is not None)
             index += 1
     return quantised
