@@ -83,6 +83,8 @@ def test_report_contents(report):
         assert (e["flops"] is not None) == (mode == "decode")
     eff = entries[(3, "decode")]["flops"]
     assert eff["efficiency"] == pytest.approx(eff["achieved_per_s"] / report["matmul"]["flops_per_s"])
+    runs = report["matmul"]["runs"]  # measured before and after the timed calls; the faster is the reference
+    assert len(runs) == 2 and report["matmul"]["flops_per_s"] == max(runs) == eff["matmul_per_s"]
     refs = {(r["batch_size"], r["mode"]): r for r in report["reference"]}
     assert set(refs) == {(b, m) for b in (1, 3) for m in ("decode", "clip4idc_decode", "clip4idc_e2e")}
     assert all(r["speedup"] > 0 for r in report["reference"])

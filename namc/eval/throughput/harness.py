@@ -95,6 +95,11 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
     finally:
         runner.fdg.uncompile_step()
+    matmul = _settle_matmul(matmul, measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision))
+    for entry in inference:
+        if entry["flops"]:
+            entry["flops"]["matmul_per_s"] = matmul["flops_per_s"]
+            entry["flops"]["efficiency"] = entry["flops"]["achieved_per_s"] / matmul["flops_per_s"]
     training = run_training(model, settings, device) if settings.train_batch_size else None
     return {
         "schema_version": SCHEMA_VERSION,
@@ -129,6 +134,14 @@ def _model_entry(model: NAMC, source: str, params: dict[str, int]) -> dict[str, 
         "parameters": params,
         "parameters_paper_style": _paper_style(model, params),
     }
+
+
+def _settle_matmul(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The GEMM reference measured before and after the timed calls: one measurement moved up to 3x between idle
+    runs of this VM (int8: 277 to 963 GFLOP/s), so the efficiency's reference is the faster of the two (an
+    efficiency errs low, never high); both are kept in ``runs``."""
+    best = max((first, last), key=lambda m: m["flops_per_s"])
+    return best | {"runs": [first["flops_per_s"], last["flops_per_s"]]}
 
 
 def _grid_precision(model: NAMC, settings: BenchmarkSettings) -> str:
