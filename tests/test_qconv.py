@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import namc
 from namc.models import onednn, qconv
 from namc.models.grid import GridEncoder
-from namc.models.precision import calibrate_int8, inference_copy, int8_grid
+from namc.models.precision import inference_copy, int8_grid
 
 pytestmark = pytest.mark.skipif(
     not (onednn.conv_available() and qconv.qconv_available()), reason="this torch build lacks oneDNN's int8 kernels"
@@ -126,7 +126,7 @@ def test_calibrate_int8_switches_the_copy_grid_until_the_grid_changes():
     assert int8_grid(model) == "fp32"
     before = inference_copy(model, "int8")
     assert not any(isinstance(m, qconv.QuantBlock) for m in before.modules())
-    calibrate_int8(model, [a, b])
+    model.calibrate_int8([a, b])  # the method and namc.models.precision.calibrate_int8 are one
     assert int8_grid(model) == "int8"
     twin = inference_copy(model, "int8")
     assert twin is not before and any(isinstance(m, qconv.QuantBlock) for m in twin.grid.modules())

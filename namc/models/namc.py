@@ -16,7 +16,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +243,14 @@ class NAMC(nn.Module):
                 return model.generate_ids(x[0], x[1], max_new_tokens, num_beams, grid_1=x[2], grid_2=x[3])
         memory = self.encode_pair(images_1, images_2, grid_1, grid_2)
         return self.fdg.generate(memory, max_new_tokens or self.config.max_new_tokens, num_beams)
+
+    def calibrate_int8(self, images: Iterable[torch.Tensor]) -> None:
+        """Give ``precision="int8"`` a static int8 grid: activation scales from ``images``, batches of (B, 3, H, W)
+        in [0, 1] like the ones to caption (both images of a few hundred pairs). See
+        :func:`namc.models.precision.calibrate_int8`; without it the int8 grid runs in fp32."""
+        from namc.models.precision import calibrate_int8
+
+        calibrate_int8(self, images)
 
     def generate(
         self,
