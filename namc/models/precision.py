@@ -22,9 +22,9 @@
   1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or, once
   :func:`calibrate_int8` has seen images, its ResNet blocks in static int8 (:mod:`namc.models.qconv`: the oneDNN
   kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales from
-  the calibration images). namc_base's grid, two AMD EPYC threads, 64 images: fp32 5.3 s, bf16 2.6 s, static int8
-  1.8 s; features within 3% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule` calibrates on
-  training pairs, ``namc benchmark`` on its synthetic images.
+  the calibration images). namc_base's grid, two AMD EPYC threads, 64 images: fp32 5.1-5.2 s, bf16 2.5-2.7 s,
+  static int8 1.5 s; features within 3.1% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule`
+  calibrates on training pairs, ``namc benchmark`` on its synthetic images.
 
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale

@@ -1,8 +1,8 @@
 """Static int8 convolutions for the frozen ResNet grid of an ``int8`` inference copy (:mod:`namc.models.precision`).
 
-The grid is most of the end-to-end time (namc_base, batch 32: the ResNet-101 grid about 60% in bf16), and on a CPU
-with VNNI an int8 convolution runs about twice as fast as the same one in bf16 (AMD EPYC, two threads, 64 images of
-14 x 14: 1 x 1, 1024 -> 256 channels 14.9 -> 7.8 ms; 3 x 3, 256 -> 256 29.9 -> 15.3 ms). This is the scheme
+The grid is more than half of the end-to-end time (namc_base in bf16 at batch 32), and on a CPU with VNNI an int8
+convolution runs about twice as fast as the same one in bf16 (AMD EPYC, two threads, 64 images of 14 x 14: 1 x 1,
+1024 -> 256 channels 14.9 -> 7.8 ms; 3 x 3, 256 -> 256 29.9 -> 15.3 ms). This is the scheme
 PyTorch's x86 static flow (PT2E with ``X86InductorQuantizer``) lowers to, without ``torch.export`` or inductor: the
 same oneDNN kernels (``torch.ops.onednn.qconv2d_pointwise``), called from modules.
 
