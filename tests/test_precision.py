@@ -128,6 +128,8 @@ def test_int8_copy_packs_every_step_matrix(trained):
         (layer,) = getattr(packed[0], name)
         assert isinstance(layer, torch.ao.nn.quantized.dynamic.Linear)
     assert not any(type(m) is torch.nn.Linear for m in twin.mir.modules())
+    for block in twin.fdg.blocks:  # the once-per-generation cross-attention keys / values too
+        assert isinstance(block.cross_attn.kv, torch.ao.nn.quantized.dynamic.Linear)
 
 
 @pytest.mark.skipif(not onednn.linear_available(), reason="this torch build has no oneDNN linear kernel")
