@@ -16,15 +16,15 @@
   as two batched products (:func:`~namc.models.layers.attend_one`) from 8 rows up: the fused SDPA kernel is 6x
   slower on it in bf16 (namc_base decoding 1.35x faster at batch 32 on two AMD EPYC threads, 1.56x on one; same
   ids). On CUDA: ``torch.autocast`` over the model itself.
-- ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR and every matrix of
-  FDG's decoding step (the vocabulary projection included) in dynamic int8 (PyTorch's x86 kernel: int8 weights
-  with per-channel scales, activations quantised per call); attention stays fp32. The vocabulary projection above:
-  1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or, once
-  :func:`calibrate_int8` has seen images, its ResNet blocks in static int8 (:mod:`namc.models.qconv`: the oneDNN
-  kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales from
-  the calibration images). namc_base's grid, two AMD EPYC threads, 64 images: fp32 5.1-5.2 s, bf16 2.5-2.7 s,
-  static int8 1.5 s; features within 3.1% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule`
-  calibrates on training pairs, ``namc benchmark`` on its synthetic images.
+- ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR and every matrix of FDG's
+  decoding step (the vocabulary projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's
+  x86 kernel: int8 weights with per-channel scales, activations quantised per call); attention stays fp32. The
+  vocabulary projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or,
+  once :func:`calibrate_int8` has seen images, its ResNet blocks in static int8 (:mod:`namc.models.qconv`: the oneDNN
+  kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales from the
+  calibration images). namc_base's grid, two AMD EPYC threads, 64 images: fp32 5.1-5.2 s, bf16 2.5-2.7 s, static int8
+  1.5 s; features within 3.1% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule` calibrates on training
+  pairs, ``namc benchmark`` on its synthetic images.
 
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
