@@ -110,6 +110,8 @@ def test_calibration_needs_images_and_a_fused_fp32_grid():
     grid = _grid("resnet18")
     with pytest.raises(ValueError, match="at least one batch"):
         grid.int8_peaks([])
+    with pytest.raises(ValueError, match=r"must be \(B, 3, H, W\), got \(3, 64, 64\)"):
+        grid.int8_peaks([torch.rand(3, 64, 64)])
     with pytest.raises(ValueError, match="fused ResNet"):
         grid.quantize_int8([[1.0]])  # not folded and fused
     grid.fold_batchnorm()

@@ -171,8 +171,14 @@ class GridEncoder(nn.Module):
         twin.fold_batchnorm()
         if not twin.fuse_onednn():
             raise RuntimeError("static int8 needs oneDNN's fused convolutions, which this torch build lacks")
+
+        def normalized(images: torch.Tensor) -> torch.Tensor:
+            if images.ndim != 4 or images.shape[1] != 3:
+                raise ValueError(f"calibration images must be (B, 3, H, W), got {tuple(images.shape)}")
+            return twin._normalize(images.float())
+
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            return calibrate_resnet(twin.backbone, (twin._normalize(images.float()) for images in batches))
+            return calibrate_resnet(twin.backbone, (normalized(images) for images in batches))
 
     def quantize_int8(self, peaks: list[list[float]]) -> int:
         """Run the blocks of this folded, fused fp32 encoder in static int8 (:func:`namc.models.qconv.quantize_resnet`)

@@ -90,6 +90,7 @@ def calibrate_int8(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
     the grid's ResNet blocks in static int8 (:mod:`namc.models.qconv`) instead of fp32, until the grid's weights
     change. Without calibration ``int8`` keeps the fp32 grid (activation scales need images to come from).
     """
+    check_precision("int8", next(model.parameters()).device)
     peaks = model.grid.int8_peaks(batches)
     _PEAKS[model] = (_fingerprint(model.grid), peaks)
     _COPIES.get(model, {}).pop("int8", None)  # rebuilt with the static grid on next use
