@@ -142,7 +142,8 @@ class FDG(nn.Module):
         D = x.shape[1]
         mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
         # the fused SDPA kernel is slow for one query in bf16 from 8 rows up (attend_one); fp32 keeps it (bit for bit)
-        many = b >= onednn.MIN_ROWS and x.device.type == "cpu" and cross_kv[0][0].dtype != torch.float32
+        kv_dtype = cross_kv[0][0].dtype  # bf16 in a bf16 or int8 copy (FDG.pack_step)
+        many = b >= onednn.MIN_ROWS and x.device.type == "cpu" and kv_dtype != torch.float32
         attend = attend_one if many else F.scaled_dot_product_attention
         for block, cache, (k_mem, v_mem), w in zip(self.blocks, caches, cross_kv, fused):
             H, E = block.self_attn.heads, block.self_attn.head_dim
@@ -151,7 +152,7 @@ class FDG(nn.Module):
             y = attend(qkv[:, 0], k, v)  # (b, H, 1, E)
             x = x + onednn.dense(y.view(b, D), *w.self_out)  # (b, D)
             q = onednn.dense(block.ln_cross(x), *w.cross_q).view(b, H, 1, E)
-            y = attend(q, k_mem, v_mem, mask)  # (b, H, 1, E)
+            y = attend(q.to(kv_dtype), k_mem, v_mem, mask).to(q.dtype)  # (b, H, 1, E); casts: int8 copy only
             x = x + onednn.dense(y.view(b, D), *w.cross_out)  # (b, D)
             x = x + onednn.dense(block.ffn[1](onednn.dense(block.ln_ffn(x), *w.ffn_in)), *w.ffn_out)
         return onednn.dense(self.ln_f(x), *fused[-1].vocab)  # (b, V)
@@ -167,7 +168,15 @@ class FDG(nn.Module):
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, memory.dtype)
             for _ in self.blocks
         ]
-        cross_kv = [tuple(t.contiguous() for t in block.context_kv(memory)) for block in self.blocks]
+        # int8 copy: bf16 keys/values from 8 rows up (below, fp32's fused SDPA kernel is the faster one-query path)
+        kv_dtype = getattr(self, "_cross_kv_dtype", None) if not self.training and B >= onednn.MIN_ROWS else None
+        cross_kv = [
+            tuple(
+                t.contiguous() if kv_dtype is None else t.to(kv_dtype, memory_format=torch.contiguous_format)
+                for t in block.context_kv(memory)
+            )
+            for block in self.blocks
+        ]
         fused = None
         if not self.training:
             vocab = (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
@@ -190,7 +199,11 @@ class FDG(nn.Module):
 
         The prefill (cross-attention keys/values of the memory, once per generation) stays in the weights' dtype in
         bf16 and becomes a dynamic int8 layer in int8: in fp32 it took 28% of namc_base's int8 decoding at batch 32
-        (two AMD EPYC threads; 15% in bf16).
+        (two AMD EPYC threads; 15% in bf16). In int8, where the CPU has native bf16 (oneDNN's check), the
+        keys/values it writes are kept in bf16 from 8 rows up, and each step's cross-attention reads them in bf16:
+        with fp32 keys/values the one-query attention over namc_base's 392 memory positions was 28% of int8 decoding
+        at batch 32 (bound by reading 77 MB of keys/values per layer and step); in bf16 it reads half and runs as two
+        batched products (:func:`~namc.models.layers.attend_one`), 3.2 -> 1.6 ms per layer and step.
         """
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
@@ -214,6 +227,8 @@ class FDG(nn.Module):
                 kv = block.cross_attn.kv
                 if isinstance(kv, nn.Linear):
                     block.cross_attn.kv = _int8_linear(kv.weight, kv.bias)
+            if vocab[0].device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                self._cross_kv_dtype = torch.bfloat16
         self._packed_step = packed
 
     def compile_step(self, **options) -> None:
