@@ -74,7 +74,8 @@ def describe(
             (:class:`~namc.data.transforms.ImageTooLargeError`); None: no cap.
         precision: ``fp32`` (default), ``bf16`` (CPU: bf16 weights; CUDA: autocast) or ``int8`` (CPU: dynamic
             int8 linear layers; the grid in static int8 once :func:`~namc.models.precision.calibrate_int8` has
-            calibrated the model, else fp32); see :mod:`namc.models.precision` for speed and agreement with fp32.
+            calibrated the model, or its saved folder carries a calibration, else fp32); see
+            :mod:`namc.models.precision` for speed and agreement with fp32.
 
     Returns:
         one caption, or a list of captions when lists were given.
@@ -152,7 +153,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=PRECISIONS,
         default="fp32",
         help="fp32 (default); bf16 (CPU: bf16 weights, about 2x faster with AVX-512 BF16 / AMX; CUDA: autocast); "
-        "int8 (CPU only: dynamic int8 linear layers)",
+        "int8 (CPU only: dynamic int8 linear layers; the ResNet grid in static int8 where the model folder has an "
+        "int8_calibration.json, written by save_pretrained after model.calibrate_int8)",
     )
     parser.add_argument(
         "--max-image-pixels",

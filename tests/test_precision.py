@@ -23,7 +23,14 @@ from namc.models import fdg as fdg_module
 from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.grid import GridEncoder
-from namc.models.precision import PRECISIONS, calibrate_int8, check_precision, inference_copy
+from namc.models.precision import (
+    CALIBRATION_FILE,
+    PRECISIONS,
+    calibrate_int8,
+    check_precision,
+    inference_copy,
+    int8_grid,
+)
 
 PAIRS = 16
 # Share of identical captions each precision must reach against fp32 on the 48 pairs. bf16 keeps 8 mantissa bits
@@ -313,10 +320,15 @@ def _png(path, seed: int) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid"])
 def test_describe_precision_flag(trained, tmp_path, capsys, precision):
     model = trained[0]
+    if precision == "int8 static grid":  # the folder carries the calibration: describe runs the static grid
+        model = copy.deepcopy(model)
+        calibrate_int8(model, [trained[1][:PAIRS], trained[2][:PAIRS]])
+        precision = "int8"
     model.save_pretrained(tmp_path / "m")
+    assert (tmp_path / "m" / CALIBRATION_FILE).exists() == (int8_grid(model) == "int8")
     a, b = _png(tmp_path / "a.png", 1), _png(tmp_path / "b.png", 2)
     assert describe_main([a, b, "--model", str(tmp_path / "m")]) == 0
     fp32 = capsys.readouterr().out

@@ -2,21 +2,31 @@
 
 The kernels are checked against a float convolution of the same int8 codes (the only rounding left is the output's
 own quantisation), a whole quantised ResNet against the fp32 one it came from, and the calibration's life cycle on a
-model: the ``int8`` copy runs the static grid once calibrated and goes back to fp32 when the grid's weights change.
+model: the ``int8`` copy runs the static grid once calibrated and goes back to fp32 when the grid's weights change;
+``save_pretrained`` keeps the calibration, ``from_pretrained`` restores it and refuses a damaged one.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import namc
+from namc.lit.callbacks import _keep_int8_calibration
 from namc.models import onednn, qconv
+from namc.models.files import ConfigError, WeightsError
 from namc.models.grid import GridEncoder
-from namc.models.precision import inference_copy, int8_grid
+from namc.models.precision import (
+    CALIBRATION_FILE,
+    inference_copy,
+    int8_calibration,
+    int8_grid,
+    set_int8_calibration,
+)
 
 pytestmark = pytest.mark.skipif(
     not (onednn.conv_available() and qconv.qconv_available()), reason="this torch build lacks oneDNN's int8 kernels"
@@ -138,3 +148,64 @@ def test_calibrate_int8_switches_the_copy_grid_until_the_grid_changes():
         next(model.grid.parameters()).mul_(1.5)  # new grid weights: the peaks no longer describe them
     assert int8_grid(model) == "fp32"
     assert not any(isinstance(m, qconv.QuantBlock) for m in inference_copy(model, "int8").modules())
+
+
+def _calibrated(seed: int = 0) -> tuple[namc.NAMC, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    a, b = torch.rand(2, 4, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
+    model.calibrate_int8([a, b])
+    return model, a, b
+
+
+def test_saved_model_keeps_its_int8_calibration(tmp_path):
+    model, a, b = _calibrated()
+    peaks = int8_calibration(model)
+    assert qconv.peak_layout(model.grid.backbone) == [len(p) for p in peaks]  # the unfused grid's layout
+    folder = model.save_pretrained(tmp_path / "m")
+    assert CALIBRATION_FILE in json.loads((folder / "config.json").read_text())["files"]  # vouched for by digest
+    loaded = namc.NAMC.from_pretrained(folder)
+    assert int8_grid(loaded) == "int8" and int8_calibration(loaded) == peaks
+    assert torch.equal(loaded.generate_ids(a, b, 5, precision="int8"), model.generate_ids(a, b, 5, precision="int8"))
+    assert namc.load_model(folder).generate(a, b, precision="int8") == model.generate(a, b, precision="int8")
+    plain = namc.create_model("namc_tiny", pretraining=False)
+    plain.save_pretrained(folder)  # an uncalibrated model saved over it: the old calibration goes
+    assert not (folder / CALIBRATION_FILE).exists()
+    assert int8_grid(namc.NAMC.from_pretrained(folder)) == "fp32"
+
+
+def test_a_damaged_or_foreign_int8_calibration_is_refused(tmp_path, caplog):
+    model, _, _ = _calibrated()
+    folder = model.save_pretrained(tmp_path / "m")
+    path = folder / CALIBRATION_FILE
+    good = json.loads(path.read_text())
+    path.write_text(json.dumps({**good, "peaks": good["peaks"][:-1]}))
+    with pytest.raises(WeightsError, match=CALIBRATION_FILE):  # the digest config.json records
+        namc.NAMC.from_pretrained(folder)
+    with pytest.raises(ConfigError, match=rf"{CALIBRATION_FILE}: int8 peaks must be 4 lists .* lengths \[3, 3, 4, 3\]"):
+        namc.NAMC.from_pretrained(folder, verify=False)
+    path.write_bytes(b'{"format": "namc-int8-calibration/1", "peaks": [\xff]}')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        namc.NAMC.from_pretrained(folder, verify=False)
+    path.write_text('{"peaks": []}')
+    with pytest.raises(ConfigError, match="not a namc int8 calibration"):
+        namc.NAMC.from_pretrained(folder, verify=False)
+    for bad in ([[float("nan")] * 3, *good["peaks"][1:]], [[-1.0] * 3, *good["peaks"][1:]], "peaks"):
+        with pytest.raises(ValueError, match="finite numbers >= 0"):
+            set_int8_calibration(model, bad)
+    namc.create_model("namc_tiny", pretraining=False).save_pretrained(folder)
+    path.write_text(json.dumps(good))  # a calibration config.json does not record: from elsewhere
+    with caplog.at_level("WARNING"):
+        assert int8_grid(namc.NAMC.from_pretrained(folder)) == "fp32"
+    assert "not recorded in config.json: ignored" in caplog.text
+
+
+def test_exported_best_checkpoint_keeps_the_calibration_of_the_same_grid():
+    model, _, _ = _calibrated()
+    exported = copy.deepcopy(model)  # a checkpoint's weights: the same frozen grid
+    assert int8_grid(exported) == "fp32"  # a calibration belongs to one model object
+    _keep_int8_calibration(model, exported)
+    assert int8_calibration(exported) == int8_calibration(model)
+    other = namc.create_model("namc_tiny", pretraining=False)  # another grid: its peaks would be wrong
+    _keep_int8_calibration(model, other)
+    assert int8_grid(other) == "fp32"

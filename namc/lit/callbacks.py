@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from namc.models import load_model
+from namc.models.precision import int8_calibration, set_int8_calibration
 from namc.ops.distributed import gather_objects
 
 __all__ = ["AtomicCheckpointIO", "CaptionWriter", "ExportModel"]
@@ -58,11 +59,24 @@ class ExportModel(pl.Callback):
                     best = cb.best_model_path
                     break
         if best:
-            load_model(best).save_pretrained(directory)
+            model = load_model(best)
+            _keep_int8_calibration(pl_module.model, model)  # type: ignore[arg-type]
+            model.save_pretrained(directory)
             logger.info("exported the best checkpoint %s to %s", best, directory)
         else:
             pl_module.export(directory)  # type: ignore[operator]
             logger.info("exported the final model to %s", directory)
+
+
+def _keep_int8_calibration(trained: torch.nn.Module, exported: torch.nn.Module) -> None:
+    """Give the exported best checkpoint the static int8 grid calibration the trained module made (validation at
+    ``inference_precision="int8"``) when both have the same grid weights (the grid is frozen: they do)."""
+    peaks = int8_calibration(trained)
+    if peaks is None:
+        return
+    mine, theirs = trained.grid.state_dict(), exported.grid.state_dict()
+    if mine.keys() == theirs.keys() and all(torch.equal(mine[k].cpu(), theirs[k]) for k in mine):
+        set_int8_calibration(exported, peaks)
 
 
 class CaptionWriter(BasePredictionWriter):

@@ -43,7 +43,12 @@ from namc.models.io import (
     write_config,
 )
 from namc.models.mir import MIR, MIRConfig
-from namc.models.precision import precision_context
+from namc.models.precision import (
+    CALIBRATION_FILE,
+    load_int8_calibration,
+    precision_context,
+    save_int8_calibration,
+)
 from namc.models.vqgan import VQGANTokenizer
 from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 
@@ -247,7 +252,8 @@ class NAMC(nn.Module):
     def calibrate_int8(self, images: Iterable[torch.Tensor]) -> None:
         """Give ``precision="int8"`` a static int8 grid: activation scales from ``images``, batches of (B, 3, H, W)
         in [0, 1] like the ones to caption (both images of a few hundred pairs). See
-        :func:`namc.models.precision.calibrate_int8`; without it the int8 grid runs in fp32."""
+        :func:`namc.models.precision.calibrate_int8`; without it the int8 grid runs in fp32. :meth:`save_pretrained`
+        keeps the calibration and :meth:`from_pretrained` restores it."""
         from namc.models.precision import calibrate_int8
 
         calibrate_int8(self, images)
@@ -280,8 +286,8 @@ class NAMC(nn.Module):
     # ------------------------------------------------------------------------------------------ persistence
 
     def save_pretrained(self, directory: str | Path, card: Mapping[str, Any] | None = None) -> Path:
-        """Write a complete model folder: ``model.safetensors``, the tokenizer files, ``config.json`` and a model
-        card ``README.md``.
+        """Write a complete model folder: ``model.safetensors``, the tokenizer files, ``config.json``, a model
+        card ``README.md`` and, where :meth:`calibrate_int8` calibrated the grid, ``int8_calibration.json``.
 
         ``config.json`` records the size and SHA-256 of every other file the model is rebuilt from
         (:mod:`namc.models.files`), so :meth:`from_pretrained` notices a damaged or replaced file; it is written
@@ -304,7 +310,9 @@ class NAMC(nn.Module):
         os.replace(partial, directory / WEIGHTS_FILE)
         self.tokenizer.save(directory)
         bpe = json.loads((directory / TOKENIZER_FILE).read_text()).get("bpe")  # a CLIP BPE copies its vocabulary
-        files = record_files(directory, [WEIGHTS_FILE, TOKENIZER_FILE] + ([bpe] if isinstance(bpe, str) else []))
+        calibration = save_int8_calibration(self, directory)  # the static int8 grid's scales, where calibrated
+        extra = [name for name in (bpe, calibration) if isinstance(name, str)]
+        files = record_files(directory, [WEIGHTS_FILE, TOKENIZER_FILE, *extra])
         write_config(directory, cfg, __version__, files)
         tokenizer = f"{cfg.tokenizer}, {self.tokenizer.vocab_size} ids"
         readme = model_card(cfg.to_dict(), self.num_parameters(), tokenizer, files, __version__, card)
@@ -335,9 +343,15 @@ class NAMC(nn.Module):
                 "also reads a namc .ckpt)"
             )
         config = read_config(directory)
-        if verify and not verify_folder(directory):
+        checked = verify_folder(directory) if verify else None
+        if checked == []:
             logger.info("%s records no SHA-256 digests (saved before namc recorded them): not verified", directory)
         model = cls(config, read_tokenizer(directory))
         sd = load_state_dict(directory / WEIGHTS_FILE, hint="the model.safetensors written by save_pretrained")
         load_strict(model, sd, what=f"NAMC weights from {directory}")
-        return model.to(map_location).eval()
+        model = model.to(map_location).eval()
+        if checked and CALIBRATION_FILE not in checked and (directory / CALIBRATION_FILE).exists():
+            logger.warning("%s: %s is not recorded in config.json: ignored", directory, CALIBRATION_FILE)
+        elif torch.device(map_location).type == "cpu":  # int8 runs on a CPU only
+            load_int8_calibration(model, directory)
+        return model

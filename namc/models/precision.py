@@ -43,23 +43,36 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import math
 import weakref
 from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from namc.models.files import ConfigError, atomic_write_text, read_json
+
 __all__ = [
+    "CALIBRATION_FILE",
     "PRECISIONS",
     "calibrate_int8",
     "check_precision",
     "inference_copy",
+    "int8_calibration",
     "int8_grid",
+    "load_int8_calibration",
     "precision_context",
     "run_context",
+    "save_int8_calibration",
+    "set_int8_calibration",
 ]
 
 PRECISIONS = ("fp32", "bf16", "int8")
+CALIBRATION_FILE = "int8_calibration.json"  # a saved model's static int8 grid calibration (save_pretrained)
+_CALIBRATION_FORMAT = "namc-int8-calibration/1"
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {precision: (fingerprint, copy)}
 _PEAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (grid fingerprint, int8 activation peaks)
@@ -91,18 +104,74 @@ def calibrate_int8(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
     (a few hundred images like the ones to caption: both images of each pair). From then on the ``int8`` copy runs
     the grid's ResNet blocks in static int8 (:mod:`namc.models.qconv`) instead of fp32, until the grid's weights
     change. Without calibration ``int8`` keeps the fp32 grid (activation scales need images to come from).
+    ``save_pretrained`` keeps the calibration (:data:`CALIBRATION_FILE`), so a loaded model needs none.
     """
     check_precision("int8", next(model.parameters()).device)
-    peaks = model.grid.int8_peaks(batches)
-    _PEAKS[model] = (_fingerprint(model.grid), peaks)
+    set_int8_calibration(model, model.grid.int8_peaks(batches))
+
+
+def int8_calibration(model: nn.Module) -> list[list[float]] | None:
+    """The activation peaks (per grid block) ``model``'s static int8 grid uses, or None where it has none for the
+    grid's current weights."""
+    entry = _PEAKS.get(model)
+    return entry[1] if entry is not None and entry[0] == _fingerprint(model.grid) else None
+
+
+def set_int8_calibration(model: nn.Module, peaks: Any, source: str = "calibration") -> None:
+    """Give ``model`` the int8 grid calibration ``peaks`` (what :func:`int8_calibration` returns, from this model or
+    one with the same grid weights). ValueError, naming ``source``, unless ``peaks`` holds one list of finite,
+    non-negative numbers per block of the grid, as many as :func:`~namc.models.qconv.calibrate_resnet` records."""
+    from namc.models.qconv import peak_layout
+
+    want = peak_layout(model.grid.backbone)
+    ok = isinstance(peaks, list) and all(
+        isinstance(block, list)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in block)
+        for block in peaks
+    )
+    if not ok or [len(block) for block in peaks] != want:
+        got = [len(b) for b in peaks] if ok else "not lists of finite non-negative numbers"
+        raise ValueError(f"{source}: int8 peaks must be {len(want)} lists of finite numbers >= 0 of lengths {want} "
+                         f"(this model's grid), got {got}")  # fmt: skip
+    _PEAKS[model] = (_fingerprint(model.grid), [[float(v) for v in block] for block in peaks])
     _COPIES.get(model, {}).pop("int8", None)  # rebuilt with the static grid on next use
+
+
+def save_int8_calibration(model: nn.Module, directory: Path) -> str | None:
+    """Write ``model``'s int8 grid calibration to ``directory`` / :data:`CALIBRATION_FILE` and return the file's
+    name; without one, remove a stale file an earlier save left there and return None."""
+    path = directory / CALIBRATION_FILE
+    peaks = int8_calibration(model)
+    if peaks is None:
+        path.unlink(missing_ok=True)
+        return None
+    atomic_write_text(path, json.dumps({"format": _CALIBRATION_FORMAT, "peaks": peaks}, indent=1) + "\n")
+    return CALIBRATION_FILE
+
+
+def load_int8_calibration(model: nn.Module, directory: Path) -> bool:
+    """Give ``model`` the calibration :func:`save_int8_calibration` wrote to ``directory``, if there is one.
+
+    Raises:
+        ConfigError: the file is not UTF-8 JSON, not a namc calibration, or does not fit the model's grid.
+    """
+    path = directory / CALIBRATION_FILE
+    if not path.is_file():
+        return False
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format") != _CALIBRATION_FORMAT:
+        raise ConfigError(f'{path}: not a namc int8 calibration (want {{"format": "{_CALIBRATION_FORMAT}", ...}})')
+    try:
+        set_int8_calibration(model, data.get("peaks"), str(path))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return True
 
 
 def int8_grid(model: nn.Module) -> str:
     """What the grid of ``model``'s ``int8`` copy runs in: ``"int8"`` once :func:`calibrate_int8` calibrated it for
-    the current grid weights, else ``"fp32"``."""
-    entry = _PEAKS.get(model)
-    return "int8" if entry is not None and entry[0] == _fingerprint(model.grid) else "fp32"
+    the current grid weights (or the calibration came with the saved model), else ``"fp32"``."""
+    return "fp32" if int8_calibration(model) is None else "int8"
 
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
@@ -135,8 +204,9 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
             from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
             fused = twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
-            if fused and int8_grid(model) == "int8":
-                twin.grid.quantize_int8(_PEAKS[model][1])  # static int8 blocks, scales from calibrate_int8
+            peaks = int8_calibration(model)
+            if fused and peaks is not None:
+                twin.grid.quantize_int8(peaks)  # static int8 blocks, scales from calibrate_int8
             twin.mir = quantize_dynamic(twin.mir, {nn.Linear: per_channel_dynamic_qconfig})
             twin.fdg.pack_step("int8")
     cached[precision] = (key, twin)

@@ -27,7 +27,7 @@ from torch import nn
 
 from namc.models.onednn import FusedBlock, FusedConv, ShapeCache
 
-__all__ = ["QuantBlock", "QuantConv", "calibrate_resnet", "qconv_available", "quantize_resnet"]
+__all__ = ["QuantBlock", "QuantConv", "calibrate_resnet", "peak_layout", "qconv_available", "quantize_resnet"]
 
 _QCONV_OK: bool | None = None
 
@@ -141,6 +141,19 @@ def _blocks(backbone: nn.Module) -> list[FusedBlock]:
     if any(c.dtype != torch.float32 for b in blocks for c in (*b.inner, b.last)):
         raise ValueError("static int8 quantises a fused fp32 ResNet")
     return blocks
+
+
+def peak_layout(backbone: nn.Module) -> list[int]:
+    """How many peaks :func:`calibrate_resnet` records for each block of this ResNet, fused or not (a saved
+    calibration is checked against it): input, one per convolution but the last, output, and the shortcut's."""
+    out = []
+    for block in (b for layer in backbone.children() if isinstance(layer, nn.Sequential) for b in layer):
+        if isinstance(block, FusedBlock):
+            inner = len(block.inner)
+        else:
+            inner = sum(isinstance(getattr(block, f"conv{i}", None), nn.Conv2d) for i in (1, 2, 3)) - 1
+        out.append(inner + 2 + (getattr(block, "downsample", None) is not None))
+    return out
 
 
 @torch.no_grad()
