@@ -20,7 +20,7 @@
   decoding step (the vocabulary projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's
   x86 kernel: int8 weights with per-channel scales, activations quantised per call); attention stays fp32 but for
   the decoder's cross-attention from 8 rows up, which reads its keys / values in bf16 (:meth:`FDG.pack_step
-  <namc.models.fdg.FDG.pack_step>`; namc_base decoding 1.3x faster at batch 8-32 on two AMD EPYC threads). The
+  <namc.models.fdg.FDG.pack_step>`; namc_base decoding 1.24x faster at batch 32, 1.06x at 8, two AMD EPYC threads). The
   vocabulary projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or,
   once :func:`calibrate_int8` has seen images, its ResNet blocks in static int8 (:mod:`namc.models.qconv`: the oneDNN
   kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales from the
@@ -34,9 +34,9 @@ weights. Quality against fp32 is measured, not assumed (tests/test_precision.py,
 (inference_precision=...)`` with ``namc eval --compare`` measures it on any test split). On the demo's test split
 (three namc_tiny models at width 32, 700 pairs each) bf16 changes 4.6-13.0% of the captions and int8 6.0-11.4%,
 with CIDEr-D +0.4 +- 1.1 and +1.6 +- 1.2 over fp32 (int8 with the static grid, calibrated on 64 training pairs, and
-the cross-attention keys / values in int8: 6.9-12.6%, +1.3 +- 2.1); a caption changes where fp32's choice led its
-runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8; tools/precision_margins.py): the
-rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no caption.
+the cross-attention keys / values in int8, read in bf16: 5.9-12.4%, +1.0 +- 1.3); a caption changes where fp32's
+choice led its runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8;
+tools/precision_margins.py): the rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no caption.
 """
 
 from __future__ import annotations
