@@ -36,7 +36,8 @@ weights. Quality against fp32 is measured, not assumed (tests/test_precision.py,
 with CIDEr-D +0.4 +- 1.1 and +1.6 +- 1.2 over fp32 (int8 with the static grid, calibrated on 64 training pairs, and
 the cross-attention keys / values in int8, read in bf16: 5.9-12.4%, +1.0 +- 1.3); a caption changes where fp32's
 choice led its runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8;
-tools/precision_margins.py): the rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no caption.
+tools/precision_margins.py): the rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no
+caption.
 """
 
 from __future__ import annotations
