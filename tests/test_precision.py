@@ -137,8 +137,8 @@ def test_int8_copy_packs_every_step_matrix(trained):
     assert not any(type(m) is torch.nn.Linear for m in twin.mir.modules())
     for block in twin.fdg.blocks:  # the once-per-generation cross-attention keys / values too
         assert isinstance(block.cross_attn.kv, torch.ao.nn.quantized.dynamic.Linear)
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the keys / values it writes are read in bf16 from 8 rows up
-        for rows, dtype in ((8, torch.bfloat16), (4, torch.float32)):
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the keys / values it writes are read in bf16 from 16 rows up
+        for rows, dtype in ((16, torch.bfloat16), (8, torch.float32)):
             _, cross_kv, _ = twin.fdg._start(torch.randn(rows, 64, twin.config.dim), 8)
             assert all(t.dtype == dtype and t.is_contiguous() for kv in cross_kv for t in kv)
 

@@ -168,8 +168,8 @@ class FDG(nn.Module):
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, memory.dtype)
             for _ in self.blocks
         ]
-        # int8 copy: bf16 keys/values from 8 rows up (below, fp32's fused SDPA kernel is the faster one-query path)
-        kv_dtype = getattr(self, "_cross_kv_dtype", None) if not self.training and B >= onednn.MIN_ROWS else None
+        # int8 copy: bf16 keys/values from 16 rows up (below, fp32's fused SDPA kernel is as fast)
+        kv_dtype = getattr(self, "_cross_kv_dtype", None) if not self.training and B >= 2 * onednn.MIN_ROWS else None
         cross_kv = [
             tuple(
                 t.contiguous() if kv_dtype is None else t.to(kv_dtype, memory_format=torch.contiguous_format)
@@ -200,10 +200,11 @@ class FDG(nn.Module):
         The prefill (cross-attention keys/values of the memory, once per generation) stays in the weights' dtype in
         bf16 and becomes a dynamic int8 layer in int8: in fp32 it took 28% of namc_base's int8 decoding at batch 32
         (two AMD EPYC threads; 15% in bf16). In int8, where the CPU has native bf16 (oneDNN's check), the
-        keys/values it writes are kept in bf16 from 8 rows up, and each step's cross-attention reads them in bf16:
-        with fp32 keys/values the one-query attention over namc_base's 392 memory positions was 28% of int8 decoding
-        at batch 32 (bound by reading 77 MB of keys/values per layer and step); in bf16 it reads half and runs as two
-        batched products (:func:`~namc.models.layers.attend_one`), 3.2 -> 1.6 ms per layer and step.
+        keys/values it writes are kept in bf16 from 16 rows up, and each step's cross-attention reads them in bf16
+        as two batched products (:func:`~namc.models.layers.attend_one`): with fp32 keys/values the one-query
+        attention over namc_base's 196 memory positions was 23% of int8 decoding at batch 32, bound by reading
+        38.5 MB of keys/values per layer and step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32,
+        1.19x at 64, 1.04x at 16, none at 8.
         """
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
