@@ -13,6 +13,7 @@ import torch
 import namc
 from namc.eval import throughput as tp
 from namc.eval.throughput.schema_doc import schema_markdown
+from namc.models.precision import int8_calibration
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmark_schema.md"
 QUICK = ["--threads", "1", "--repeats", "2", "--warmup", "1", "--gemm-size", "128", "--max-new-tokens", "5"]
@@ -249,6 +250,29 @@ def test_low_precision_run(tmp_path, precision, grid):
     assert report["model"]["grid_precision"] == grid
     assert report["matmul"]["dtype"] == {"bf16": "bfloat16", "int8": "int8"}[precision]
     assert all(e["tokens_per_call"] == 10 for e in report["inference"])
+
+
+def test_int8_grid_of_a_calibrated_model(tmp_path):
+    """A saved folder's calibration runs as the static grid and ``--int8-grid fp32`` still means fp32; a model passed
+    to run_benchmark leaves with the calibration it came with (none stays none: the synthetic scales do not stick)."""
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    model.calibrate_int8([torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))])
+    peaks = int8_calibration(model)
+    model.save_pretrained(tmp_path / "tiny")
+    for grid, want in (("static", "int8"), ("fp32", "fp32")):
+        out = tmp_path / f"{grid}.json"
+        argv = ["--model", str(tmp_path / "tiny"), "--batch-sizes", "2", "--modes", "decode", "--reference", "none"]
+        assert tp.main([*argv, "--precision", "int8", "--int8-grid", grid, "--output", str(out), *QUICK]) == 0
+        assert json.loads(out.read_text())["model"]["grid_precision"] == want
+    plain = namc.create_model("namc_tiny", pretraining=False)
+    for m, before in ((model, peaks), (plain, None)):
+        for grid in ("static", "fp32"):
+            settings = tp.BenchmarkSettings(
+                model="namc_tiny", batch_sizes=(1,), modes=("decode",), precision="int8", int8_grid=grid,
+                repeats=1, warmup=0, gemm_size=64, max_new_tokens=3, threads=1, reference="none",
+            )  # fmt: skip
+            tp.run_benchmark(settings, model=m)
+            assert int8_calibration(m) == before
 
 
 def test_clip4idc_peer_decodes_from_its_memory():

@@ -120,10 +120,15 @@ def int8_calibration(model: nn.Module) -> list[list[float]] | None:
 
 def set_int8_calibration(model: nn.Module, peaks: Any, source: str = "calibration") -> None:
     """Give ``model`` the int8 grid calibration ``peaks`` (what :func:`int8_calibration` returns, from this model or
-    one with the same grid weights). ValueError, naming ``source``, unless ``peaks`` holds one list of finite,
-    non-negative numbers per block of the grid, as many as :func:`~namc.models.qconv.calibrate_resnet` records."""
+    one with the same grid weights); None removes it (the int8 grid runs in fp32 again). ValueError, naming
+    ``source``, unless ``peaks`` holds one list of finite, non-negative numbers per block of the grid, as many as
+    :func:`~namc.models.qconv.calibrate_resnet` records."""
     from namc.models.qconv import peak_layout
 
+    if peaks is None:
+        if _PEAKS.pop(model, None) is not None:
+            _COPIES.get(model, {}).pop("int8", None)
+        return
     want = peak_layout(model.grid.backbone)
     ok = isinstance(peaks, list) and all(
         isinstance(block, list)

@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--int8-grid", default=d.int8_grid, choices=INT8_GRIDS,
-        help="with --precision int8: the ResNet grid's blocks in static int8, calibrated on the benchmark's synthetic "
-        "images (timing only), or fp32 as in an uncalibrated model (default %(default)s)",
+        help="with --precision int8: the ResNet grid's blocks in static int8 (with a model folder's own "
+        "int8_calibration.json, else calibrated on the benchmark's synthetic images: timing only), or fp32 as in an "
+        "uncalibrated model (default %(default)s)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=d.threads, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="default %(default)s (appendix F)")

@@ -23,7 +23,13 @@ from namc.eval.throughput.schema import SCHEMA_VERSION
 from namc.eval.throughput.settings import DTYPES, PAPER_TABLE5, BenchmarkSettings
 from namc.eval.throughput.training import run_training
 from namc.models.namc import NAMC
-from namc.models.precision import calibrate_int8, inference_copy, int8_grid
+from namc.models.precision import (
+    calibrate_int8,
+    inference_copy,
+    int8_calibration,
+    int8_grid,
+    set_int8_calibration,
+)
 from namc.models.registry import create_model, list_models
 
 __all__ = ["load_model", "run_benchmark"]
@@ -55,10 +61,13 @@ def run_benchmark(settings: BenchmarkSettings, model: NAMC | None = None) -> dic
     threads = torch.get_num_threads()
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
+    calibration = None if model is None else int8_calibration(model)
     try:
         return _run(settings, model)
     finally:
         torch.set_num_threads(threads)
+        if model is not None:  # a caller's model leaves with the int8 calibration it came with
+            set_int8_calibration(model, calibration)
 
 
 def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
@@ -77,7 +86,9 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     matmul = measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision)
     if dtype != torch.float32:
         model.to(dtype)
-    if settings.precision == "int8" and settings.int8_grid == "static":
+    if settings.precision == "int8" and settings.int8_grid == "fp32":
+        set_int8_calibration(model, None)  # a saved model's calibration too: the grid as an uncalibrated one runs
+    elif settings.precision == "int8" and int8_grid(model) == "fp32":
         # activation scales from synthetic images: they change no timing (and no caption here means anything)
         gen = torch.Generator().manual_seed(settings.seed + 1)
         size = model.config.image_size

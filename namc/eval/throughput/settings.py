@@ -56,10 +56,10 @@ class BenchmarkSettings:
         dtype: ``float32``; ``float16`` / ``bfloat16`` on CUDA only (the whole model converted).
         precision: ``fp32``, ``bf16`` or ``int8``: on a CPU, namc runs its inference copy at that precision
             (:mod:`namc.models.precision`) and the CLIP4IDC peer a copy converted the same way.
-        int8_grid: with ``precision="int8"``, the grid's ResNet blocks in ``static`` int8
-            (:func:`namc.models.precision.calibrate_int8`, calibrated on the benchmark's own synthetic images: the
-            scales change no timing, and no caption here means anything) or in ``fp32`` (what an uncalibrated
-            model runs).
+        int8_grid: with ``precision="int8"``, the grid's ResNet blocks in ``static`` int8 (with the model's own
+            calibration where it has one, e.g. from a saved folder; else :func:`namc.models.precision.calibrate_int8`
+            on the benchmark's own synthetic images: the scales change no timing, and no caption here means
+            anything) or in ``fp32`` (what an uncalibrated model runs). A model passed in keeps its calibration.
         threads: ``torch.set_num_threads`` (None: leave torch's default).
         max_new_tokens: tokens generated per pair (23 in the paper, appendix F).
         length_mode: ``fixed`` (EOS ignored: exactly ``max_new_tokens`` per pair) or ``eos``.
