@@ -230,7 +230,7 @@ def test_finetune_from_pretraining_checkpoint_fast_dev_run(shapes: dict, pretrai
     assert predictions[0][0]["id"] == "a.png|a.png" and isinstance(predictions[0][0]["caption"], str)
 
 
-def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_ckpt: dict) -> None:
+def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_ckpt: dict, tmp_path: Path) -> None:
     path = str(pretrained_ckpt["path"])
     dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
                              tokenizer=path, max_caption_len=64)  # fmt: skip
@@ -261,6 +261,19 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
         assert isinstance(module.scores["test"]["overall"]["CIDEr-D"], float)
     ids = module._generate_ids(batch)
     assert torch.equal(ids, module.model.generate_ids(batch["image1"], batch["image2"], 23, precision="int8"))
+
+    # a pretrained folder's calibration: replaced by the run's own (training pairs), dropped with 0 pairs
+    model = load_model(path, pretraining=False)
+    model.calibrate_int8([0.1 * torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))])  # dim images
+    folder = model.save_pretrained(tmp_path / "calibrated")
+    saved = precision.int8_calibration(model)
+    for pairs in (0, 12):
+        module = FinetuneModule(pretrained=str(folder), tokenizer=dm.caption_tokenizer, inference_precision="int8",
+                                int8_calibration_pairs=pairs)  # fmt: skip
+        assert precision.int8_calibration(module.model) == saved  # carried by the folder
+        _trainer(fast_dev_run=True).test(module, datamodule=dm, verbose=False)
+        own = precision.int8_calibration(module.model)
+        assert own is None if pairs == 0 else own not in (None, saved)
 
 
 def test_finetune_can_train_the_grid_encoder(shapes: dict, pretrained_ckpt: dict) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, caption_evaluator
 from namc.models import create_model, load_model
-from namc.models.precision import calibrate_int8, check_precision, int8_grid
+from namc.models.precision import calibrate_int8, check_precision, int8_calibration, set_int8_calibration
 from namc.objectives import FINETUNE_LR, finetune_step
 from namc.ops.distributed import broadcast_object, gather_objects
 from namc.text.tokenizer import CaptionTokenizer, same_tokenizer
@@ -48,7 +48,10 @@ class FinetuneModule(NAMCModule):
             ``namc test ... --model.init_args.inference_precision bf16``.
         int8_calibration_pairs: with ``int8``, the first this many pairs of the datamodule's training split (both
             images of each) calibrate the static int8 grid (:func:`namc.models.precision.calibrate_int8`) before the
-            first int8 captions; 0, or a datamodule without a benchmark training split: the grid runs in fp32.
+            first int8 captions, and again whenever the grid's weights changed (a trainable grid), replacing a
+            calibration the ``pretrained`` folder carried; 0: the grid runs in fp32; a datamodule without a
+            benchmark training split: the ``pretrained`` folder's calibration where it has one, else fp32. The
+            exported model keeps the calibration (``int8_calibration.json``).
         cache_grids: memoise the frozen ResNet grid of every image in memory (the paper pre-extracts them); for
             small datasets only.
         grid_trainable: train the grid encoder too (None: as the model's config says; the paper keeps its
@@ -139,8 +142,13 @@ class FinetuneModule(NAMCModule):
         """(B, T) caption ids of a batch, at ``inference_precision`` (in a low precision from the pixels: the
         memoised grids are the fp32 grid encoder's)."""
         h = self.hparams
-        if h.inference_precision == "int8" and h.int8_calibration_pairs and int8_grid(self.model) == "fp32":
-            self._calibrate_int8(h.int8_calibration_pairs)
+        if h.inference_precision == "int8":
+            peaks = int8_calibration(self.model)
+            if not h.int8_calibration_pairs:
+                set_int8_calibration(self.model, None)  # 0: the fp32 grid, over a pretrained folder's calibration too
+            elif peaks is None or peaks is not getattr(self, "_int8_peaks", None):  # none, stale, or not this run's
+                self._calibrate_int8(h.int8_calibration_pairs)
+                self._int8_peaks = int8_calibration(self.model)
         grid1, grid2 = self._grids_of(batch) if h.inference_precision == "fp32" else (None, None)
         return self.model.generate_ids(
             batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, grid1, grid2, h.inference_precision
