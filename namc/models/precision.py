@@ -28,6 +28,11 @@
   1.5 s; features within 3.1% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule` calibrates on training
   pairs, ``namc benchmark`` on its synthetic images.
 
+A calibration is saved with the model (``save_pretrained``): ``int8_calibration.json``, UTF-8 JSON
+``{"format": "namc-int8-calibration/1", "peaks": [[...], ...]}``, one list per ResNet block of the largest activation
+seen at its input, after each convolution but the last, at its output and out of its downsampling shortcut
+(:func:`~namc.models.qconv.calibrate_resnet`); ``config.json`` records its SHA-256 like the weights'.
+
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
 weights. Quality against fp32 is measured, not assumed (tests/test_precision.py, the README; ``FinetuneModule
@@ -151,7 +156,8 @@ def save_int8_calibration(model: nn.Module, directory: Path) -> str | None:
     if peaks is None:
         path.unlink(missing_ok=True)
         return None
-    atomic_write_text(path, json.dumps({"format": _CALIBRATION_FORMAT, "peaks": peaks}, indent=1) + "\n")
+    blocks = ",\n".join(f"  {json.dumps(block)}" for block in peaks)  # one grid block a line
+    atomic_write_text(path, f'{{"format": "{_CALIBRATION_FORMAT}",\n "peaks": [\n{blocks}\n ]}}\n')
     return CALIBRATION_FILE
 
 
