@@ -31,6 +31,7 @@ from namc.models.precision import (
     inference_copy,
     int8_grid,
 )
+from namc.models.qlinear import DynamicLinear
 
 PAIRS = 16
 # Share of identical captions each precision must reach against fp32 on the 48 pairs. bf16 keeps 8 mantissa bits
@@ -133,10 +134,11 @@ def test_int8_copy_packs_every_step_matrix(trained):
     assert packed[0].vocab is packed[-1].vocab  # the shared vocabulary matrix is packed once
     for name in fdg_module._StepWeights.NAMES:
         (layer,) = getattr(packed[0], name)
-        assert isinstance(layer, torch.ao.nn.quantized.dynamic.Linear)
+        assert isinstance(layer, DynamicLinear)
     assert not any(type(m) is torch.nn.Linear for m in twin.mir.modules())
+    assert any(isinstance(m, DynamicLinear) for m in twin.mir.modules())
     for block in twin.fdg.blocks:  # the once-per-generation cross-attention keys / values too
-        assert isinstance(block.cross_attn.kv, torch.ao.nn.quantized.dynamic.Linear)
+        assert isinstance(block.cross_attn.kv, DynamicLinear)
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the keys / values it writes are read in bf16 from 16 rows up
         for rows, dtype in ((16, torch.bfloat16), (8, torch.float32)):
             _, cross_kv, _ = twin.fdg._start(torch.randn(rows, 64, twin.config.dim), 8)

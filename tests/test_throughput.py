@@ -14,6 +14,7 @@ import namc
 from namc.eval import throughput as tp
 from namc.eval.throughput.schema_doc import schema_markdown
 from namc.models.precision import int8_calibration
+from namc.models.qlinear import DynamicLinear
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmark_schema.md"
 QUICK = ["--threads", "1", "--repeats", "2", "--warmup", "1", "--gemm-size", "128", "--max-new-tokens", "5"]
@@ -292,4 +293,4 @@ def test_clip4idc_peer_decodes_from_its_memory():
         prefix = torch.cat([torch.full((1, 1), 49406), ids[:, :3]], dim=1)
         assert torch.equal(peer.logits(prefix, memory).argmax(-1), ids)
     int8 = tp.peer_at(peer, "int8")
-    assert isinstance(int8.head, torch.ao.nn.quantized.dynamic.Linear) and int8 is not peer
+    assert isinstance(int8.head, DynamicLinear) and int8 is not peer

@@ -29,6 +29,7 @@ from torch import nn
 from namc import ops
 from namc.models import onednn
 from namc.models.layers import Block, KVCache, attend_one
+from namc.models.qlinear import int8_linear
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ class FDG(nn.Module):
                 weight, bias = getattr(w, name)
                 if id(weight) not in cache:
                     if precision == "int8":
-                        cache[id(weight)] = (_int8_linear(weight, bias),)
+                        cache[id(weight)] = (int8_linear(weight, bias),)
                     else:
                         bias = None if bias is None else bias.detach().to(torch.bfloat16)
                         cache[id(weight)] = (onednn.pack_linear(weight.detach().to(torch.bfloat16)), bias)
@@ -227,7 +228,7 @@ class FDG(nn.Module):
             for block in self.blocks:
                 kv = block.cross_attn.kv
                 if isinstance(kv, nn.Linear):
-                    block.cross_attn.kv = _int8_linear(kv.weight, kv.bias)
+                    block.cross_attn.kv = int8_linear(kv.weight, kv.bias)
             if vocab[0].device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
                 self._cross_kv_dtype = torch.bfloat16
         self._packed_step = packed
@@ -377,14 +378,3 @@ class _StepWeights:
         qkv = (torch.cat([s.q.weight, s.kv.weight]), torch.cat([s.q.bias, s.kv.bias]))
         pairs = [(m.weight, m.bias) for m in (s.out, c.q, c.out, f_in, f_out)]
         return cls(qkv, *pairs, vocab)
-
-
-def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-    """A dynamic int8 linear layer (PyTorch's x86 fbgemm/oneDNN kernel, per-output-channel weight scales)."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    layer.weight.data = weight.detach().float().clone()
-    if bias is not None:
-        layer.bias.data = bias.detach().float().clone()
-    return quantize_dynamic(nn.Sequential(layer), {nn.Linear: per_channel_dynamic_qconfig})[0]

@@ -213,13 +213,13 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
             twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
             twin.fdg.pack_step("bf16")  # the decoding step's matrices in oneDNN's layout, reordered once
         else:
-            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+            from namc.models.qlinear import quantize_linears
 
             fused = twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
             peaks = int8_calibration(model)
             if fused and peaks is not None:
                 twin.grid.quantize_int8(peaks)  # static int8 blocks, scales from calibrate_int8
-            twin.mir = quantize_dynamic(twin.mir, {nn.Linear: per_channel_dynamic_qconfig})
+            twin.mir = quantize_linears(twin.mir)
             twin.fdg.pack_step("int8")
     cached[precision] = (key, twin)
     return twin

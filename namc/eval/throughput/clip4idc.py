@@ -164,6 +164,6 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
     twin = copy.deepcopy(peer).eval()
     if precision == "bf16":
         return twin.to(torch.bfloat16)
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    from namc.models.qlinear import quantize_linears
 
-    return quantize_dynamic(twin, {nn.Linear: per_channel_dynamic_qconfig})
+    return quantize_linears(twin)

@@ -95,11 +95,9 @@ def measure_matmul(
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_linear_available():
         backends["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
     if precision == "int8":
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+        from namc.models.qlinear import int8_linear
 
-        layer = torch.nn.Linear(size, size, bias=False)
-        layer.weight.data = b
-        packed = quantize_dynamic(torch.nn.Sequential(layer), {torch.nn.Linear: per_channel_dynamic_qconfig})[0]
+        packed = int8_linear(b, None)
         backends = {"int8_dynamic_linear": lambda: packed(a)}
     results = {}
     with torch.inference_mode():
