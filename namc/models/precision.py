@@ -18,7 +18,8 @@
   ids). On CUDA: ``torch.autocast`` over the model itself.
 - ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR and every matrix of FDG's
   decoding step (the vocabulary projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's
-  x86 kernel: int8 weights with per-channel scales, activations quantised per call); attention stays fp32 but for
+  x86 kernel: int8 weights with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
+  :mod:`namc.models.qlinear`); attention stays fp32 but for
   the decoder's cross-attention from 16 rows up, which reads its keys / values in bf16 (:meth:`FDG.pack_step
   <namc.models.fdg.FDG.pack_step>`; namc_base decoding 1.08-1.11x faster at batch 32, 1.19x at 64). The
   vocabulary projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or,
@@ -39,7 +40,8 @@ weights. Quality against fp32 is measured, not assumed (tests/test_precision.py,
 (inference_precision=...)`` with ``namc eval --compare`` measures it on any test split). On the demo's test split
 (three namc_tiny models at width 32, 700 pairs each) bf16 changes 4.6-13.0% of the captions and int8 6.0-11.4%,
 with CIDEr-D +0.4 +- 1.1 and +1.6 +- 1.2 over fp32 (int8 with the static grid, calibrated on 64 training pairs, and
-the cross-attention keys / values in int8, read in bf16: 5.9-12.4%, +1.0 +- 1.3); a caption changes where fp32's
+the cross-attention keys / values in int8, read in bf16: 5.9-12.4%, +1.0 +- 1.3; all that with 8-bit activations:
+5.3-6.9%, +1.2 +- 1.1); a caption changes where fp32's
 choice led its runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8;
 tools/precision_margins.py): the rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no
 caption.
