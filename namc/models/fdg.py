@@ -229,7 +229,7 @@ class FDG(nn.Module):
                 kv = block.cross_attn.kv
                 if isinstance(kv, nn.Linear):
                     block.cross_attn.kv = int8_linear(kv.weight, kv.bias)
-            if vocab[0].device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            if vocab[0].device.type == "cpu" and onednn.bf16_native():
                 self._cross_kv_dtype = torch.bfloat16
         self._packed_step = packed
 

@@ -32,6 +32,7 @@ __all__ = [
     "FusedBlock",
     "FusedConv",
     "ShapeCache",
+    "bf16_native",
     "conv_available",
     "dense",
     "fuse_resnet",
@@ -234,6 +235,15 @@ def is_packed(weight: torch.Tensor | nn.Module) -> bool:
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (out, in) reordered into oneDNN's blocked layout for :func:`dense` (an opaque mkldnn tensor)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight)
+
+
+def bf16_native() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (AVX-512 BF16 or AMX; its own check, a private op: False where
+    this torch build lacks it)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def linear_available() -> bool:

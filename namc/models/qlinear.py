@@ -22,8 +22,10 @@ __all__ = ["DynamicLinear", "full_range", "int8_linear", "quantize_linears"]
 
 
 def full_range() -> bool:
-    """Whether dynamic int8 layers quantise activations to 8 bits: on a CPU with VNNI (int32 accumulation)."""
-    return bool(torch.cpu._is_vnni_supported())
+    """Whether dynamic int8 layers quantise activations to 8 bits: on a CPU with VNNI (int32 accumulation). A torch
+    build without the (private) check keeps PyTorch's 7 bits."""
+    check = getattr(torch.cpu, "_is_vnni_supported", None)
+    return bool(check()) if check is not None else False
 
 
 class DynamicLinear(_DynamicLinear):
