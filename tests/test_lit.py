@@ -49,10 +49,18 @@ def _corpus_dm(shapes: dict, **kw) -> CorpusDataModule:
     return CorpusDataModule(**{**args, **kw})
 
 
+_ROOTS: list[Path] = []  # where this module's trainers write (pytest's temporary directory, cleaned by pytest)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _trainer_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _ROOTS[:] = [tmp_path_factory.mktemp("trainers")]
+
+
 def _trainer(**kw) -> pl.Trainer:
-    # a fresh root, so nothing (captions, checkpoints) is written into the working directory
+    # a fresh root, so nothing (captions, checkpoints) is written into the working directory or left in /tmp
     args = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                default_root_dir=tempfile.mkdtemp(prefix="namc-test-"))  # fmt: skip
+                default_root_dir=tempfile.mkdtemp(dir=_ROOTS[0]))  # fmt: skip
     return pl.Trainer(**{**args, **kw})
 
 

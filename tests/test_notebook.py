@@ -10,8 +10,9 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 
 
-def test_quickstart_notebook_executes(tmp_path: Path) -> None:
+def test_quickstart_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's tempfile.mkdtemp: nothing left in /tmp
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
