@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from namc.models.fusion import ConcatFusion
 from namc.models.qlinear import DynamicLinear, full_range, int8_linear, quantize_linears
 
 
@@ -52,3 +53,25 @@ def test_quantize_linears_replaces_every_linear():
     x = torch.randn(8, 64)
     with torch.inference_mode():
         assert _error(q(x), net(x)) < 0.03
+
+
+def test_linear_subclasses_take_their_own_int8_form_or_raise():
+    """PyTorch's flow swaps exact nn.Linear layers only: MIR's concat fusion (an nn.Linear with a two-stream
+    forward) becomes two int8 halves summed; an unknown subclass raises instead of staying fp32 unnoticed;
+    nn.MultiheadAttention's output projection stays fp32, as in PyTorch's flow."""
+    torch.manual_seed(0)
+    fusion = ConcatFusion(64).eval()
+    x1, x2 = torch.randn(2, 10, 64), 3 * torch.randn(2, 10, 64)  # streams of different ranges: one scale each
+    q = quantize_linears(nn.Sequential(fusion))[0]
+    assert not isinstance(q, nn.Linear) and [type(m) for m in q.children()] == [DynamicLinear, DynamicLinear]
+    with torch.inference_mode():
+        assert _error(q(x1, x2), fusion(x1, x2)) < 0.01
+
+    class Scaled(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    with pytest.raises(TypeError, match=r"^1: Scaled subclasses nn.Linear without a to_dynamic_int8\(\)"):
+        quantize_linears(nn.Sequential(nn.Linear(4, 4), Scaled(4, 4)))
+    attention = quantize_linears(nn.Sequential(nn.MultiheadAttention(16, 2)))[0]
+    assert type(attention.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear

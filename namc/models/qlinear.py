@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 __all__ = ["DynamicLinear", "full_range", "int8_linear", "quantize_linears"]
 
@@ -46,10 +47,29 @@ class DynamicLinear(_DynamicLinear):
 
 
 def quantize_linears(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` whose ``nn.Linear`` layers are :class:`DynamicLinear` (per-channel weight scales)."""
+    """A copy of ``module`` whose ``nn.Linear`` layers are :class:`DynamicLinear` (per-channel weight scales).
+
+    PyTorch's flow swaps exact ``nn.Linear`` layers only. A subclass with its own forward (MIR's concat fusion,
+    ``forward(x1, x2)``) names its int8 form with a ``to_dynamic_int8()`` method, called here; any other subclass
+    raises, rather than stay fp32 unnoticed in an int8 copy. The exception is PyTorch's own
+    ``NonDynamicallyQuantizableLinear`` (``nn.MultiheadAttention``'s output projection, whose weight the attention
+    reads directly), which stays fp32 as in PyTorch's flow.
+    """
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    return quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig}, mapping={nn.Linear: DynamicLinear})
+    out = quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig}, mapping={nn.Linear: DynamicLinear})
+    if isinstance(out, nn.Linear):
+        return _own_int8_form(out, type(out).__name__)
+    for name, child in list(out.named_modules()):
+        if isinstance(child, nn.Linear) and not isinstance(child, NonDynamicallyQuantizableLinear):  # a subclass
+            out.set_submodule(name, _own_int8_form(child, name))
+    return out
+
+
+def _own_int8_form(layer: nn.Linear, name: str) -> nn.Module:
+    if not callable(getattr(layer, "to_dynamic_int8", None)):
+        raise TypeError(f"{name}: {type(layer).__name__} subclasses nn.Linear without a to_dynamic_int8() method")
+    return layer.to_dynamic_int8()
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> DynamicLinear:
