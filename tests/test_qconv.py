@@ -78,6 +78,25 @@ def test_quant_conv_is_a_float_convolution_of_its_codes(shape):
             qconv.QuantConv(fused, in_scale, None)(qx, q_short, in_scale)
 
 
+def test_quant_stem_is_the_fp32_stem_and_max_pool():
+    """From normalised pixels (signed: zero point 128, the scale from the normalisation) to the first block's uint8
+    input: the fp32 stem convolution + ReLU and max-pool, up to the rounding of the pixels and of the output."""
+    g = torch.Generator().manual_seed(0)
+    conv = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3).eval()
+    fused, pool = onednn.FusedConv(conv, relu=True), torch.nn.MaxPool2d(3, stride=2, padding=1)
+    grid = GridEncoder("resnet18", 3)
+    pixels = grid._normalize(torch.rand(2, 3, 32, 40, generator=g))
+    peak = float(torch.maximum(-grid.mean / grid.std, (1 - grid.mean) / grid.std).abs().max())
+    with torch.inference_mode():
+        expected = pool(fused(pixels))
+        stem = qconv.QuantStem(fused, pool, peak, float(expected.max()))
+        out = stem(pixels)
+    assert out.dtype == torch.uint8 and out.shape == expected.shape
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    error = ((out.float() * stem.conv.out_scale - expected).norm() / expected.norm()).item()
+    assert error < 0.01, error
+
+
 def _grid(arch: str) -> GridEncoder:
     torch.manual_seed(0)
     grid = GridEncoder(arch, 3).eval()
@@ -104,8 +123,9 @@ def test_static_int8_grid_is_close_to_the_fp32_grid(arch):
 
     fp32, int8, clipped = fused(), fused(), fused()
     convs = sum(len(b.inner) + 1 + (b.downsample is not None) for b in qconv._blocks(fp32.backbone))
-    assert int8.quantize_int8(peaks) == convs
-    assert not any(isinstance(m, onednn.FusedBlock) for m in int8.modules())
+    assert int8.quantize_int8(peaks) == convs + 1  # the stem too
+    assert not any(isinstance(m, (onednn.FusedBlock, onednn.FusedConv)) for m in int8.modules())
+    assert isinstance(int8.backbone.conv1, qconv.QuantStem) and isinstance(int8.backbone.maxpool, torch.nn.Identity)
     clipped.quantize_int8([[p / 20 for p in block] for block in peaks])  # scales far too small: saturation
     with torch.inference_mode():
         for images in (torch.rand(3, 3, 64, 64, generator=g), torch.rand(1, 3, 96, 128, generator=g)):

@@ -182,14 +182,16 @@ class GridEncoder(nn.Module):
 
     def quantize_int8(self, peaks: list[list[float]]) -> int:
         """Run the blocks of this folded, fused fp32 encoder in static int8 (:func:`namc.models.qconv.quantize_resnet`)
-        with activation scales from :meth:`int8_peaks`. Inference only, like :meth:`fuse_onednn`.
+        with activation scales from :meth:`int8_peaks`, and the stem and its max-pool with the pixels' scale from
+        the normalisation (:class:`namc.models.qconv.QuantStem`). Inference only, like :meth:`fuse_onednn`.
 
         Returns:
             how many convolutions now run in int8 (0 where this torch build lacks the kernels).
         """
         from namc.models.qconv import quantize_resnet
 
-        return quantize_resnet(self.backbone, peaks)
+        lowest, highest = (0 - self.mean) / self.std, (1 - self.mean) / self.std  # normalised pixels of [0, 1]
+        return quantize_resnet(self.backbone, peaks, float(torch.maximum(lowest.abs(), highest.abs()).max()))
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         return ((images - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
