@@ -50,6 +50,7 @@ def test_quantize_linears_replaces_every_linear():
     kinds = [type(m) for m in q.modules()]
     assert kinds.count(DynamicLinear) == 2 and nn.Linear not in kinds
     assert all(type(m) is nn.Linear for m in net.modules() if isinstance(m, nn.Linear))  # the original is untouched
+    assert type(quantize_linears(net[0])) is DynamicLinear  # a layer itself
     x = torch.randn(8, 64)
     with torch.inference_mode():
         assert _error(q(x), net(x)) < 0.03
@@ -62,7 +63,7 @@ def test_linear_subclasses_take_their_own_int8_form_or_raise():
     torch.manual_seed(0)
     fusion = ConcatFusion(64).eval()
     x1, x2 = torch.randn(2, 10, 64), 3 * torch.randn(2, 10, 64)  # streams of different ranges: one scale each
-    q = quantize_linears(nn.Sequential(fusion))[0]
+    q = quantize_linears(fusion)
     assert not isinstance(q, nn.Linear) and [type(m) for m in q.children()] == [DynamicLinear, DynamicLinear]
     with torch.inference_mode():
         assert _error(q(x1, x2), fusion(x1, x2)) < 0.01

@@ -57,9 +57,9 @@ def quantize_linears(module: nn.Module) -> nn.Module:
     """
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+    if isinstance(module, nn.Linear):  # PyTorch's flow swaps children only
+        return quantize_linears(nn.Sequential(module))[0]
     out = quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig}, mapping={nn.Linear: DynamicLinear})
-    if isinstance(out, nn.Linear):
-        return _own_int8_form(out, type(out).__name__)
     for name, child in list(out.named_modules()):
         if isinstance(child, nn.Linear) and not isinstance(child, NonDynamicallyQuantizableLinear):  # a subclass
             out.set_submodule(name, _own_int8_form(child, name))
