@@ -23,11 +23,11 @@
   the decoder's cross-attention from 16 rows up, which reads its keys / values in bf16 (:meth:`FDG.pack_step
   <namc.models.fdg.FDG.pack_step>`; namc_base decoding 1.08-1.11x faster at batch 32, 1.19x at 64). The
   vocabulary projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or,
-  once :func:`calibrate_int8` has seen images, its ResNet blocks in static int8 (:mod:`namc.models.qconv`: the oneDNN
-  kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales from the
-  calibration images). namc_base's grid, two AMD EPYC threads, 64 images: fp32 5.1-5.2 s, bf16 2.5-2.7 s, static int8
-  1.5 s; features within 3.1% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule` calibrates on training
-  pairs, ``namc benchmark`` on its synthetic images.
+  once :func:`calibrate_int8` has seen images, its stem and ResNet blocks in static int8 (:mod:`namc.models.qconv`: the
+  oneDNN kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales
+  from the calibration images). namc_base's grid, two AMD EPYC threads, 64 images: fp32 5.1-5.2 s, bf16 2.5-2.7 s,
+  static int8 1.3 s; features within 3.1% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule`
+  calibrates on training pairs, ``namc benchmark`` on its synthetic images.
 
 A calibration is saved with the model (``save_pretrained``): ``int8_calibration.json``, UTF-8 JSON
 ``{"format": "namc-int8-calibration/1", "peaks": [[...], ...]}``, one list per ResNet block of the largest activation
@@ -41,8 +41,8 @@ weights. Quality against fp32 is measured, not assumed (tests/test_precision.py,
 (three namc_tiny models at width 32, 700 pairs each) bf16 changes 4.6-13.0% of the captions and int8 6.0-11.4%,
 with CIDEr-D +0.4 +- 1.1 and +1.6 +- 1.2 over fp32 (int8 with the static grid, calibrated on 64 training pairs, and
 the cross-attention keys / values in int8, read in bf16: 5.9-12.4%, +1.0 +- 1.3; all that with 8-bit activations:
-5.3-6.9%, +1.2 +- 1.1); a caption changes where fp32's
-choice led its runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8;
+5.3-6.9%, +1.2 +- 1.1; and with the stem and MIR's fusion in int8 too: 4.7-7.4%, +0.8 +- 1.5); a caption changes
+where fp32's choice led its runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8;
 tools/precision_margins.py): the rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no
 caption.
 """
