@@ -91,7 +91,7 @@ def test_quant_stem_is_the_fp32_stem_and_max_pool():
         expected = pool(fused(pixels))
         stem = qconv.QuantStem(fused, pool, peak, float(expected.max()))
         out = stem(pixels)
-    assert out.dtype == torch.uint8 and out.shape == expected.shape
+    assert out.dtype == torch.uint8 and out.shape == expected.shape and qconv._stem_available()
     assert out.is_contiguous(memory_format=torch.channels_last)
     error = ((out.float() * stem.conv.out_scale - expected).norm() / expected.norm()).item()
     assert error < 0.01, error

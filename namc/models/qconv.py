@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _QCONV_OK: bool | None = None
+_QPOOL_OK: bool | None = None
 
 
 def quantize_u8(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -129,9 +130,30 @@ class QuantStem(nn.Module):
             warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
             qx = torch.quantize_per_tensor(x.float(), self.conv.in_scale, 128, torch.quint8).int_repr()
             y = self.conv(qx)  # (B, C, H/2, W/2) uint8 codes of the first block's input scale
-            # PyTorch's max-pool takes uint8 codes as a quantised tensor (the scale does not matter to a maximum)
-            pooled = F.max_pool2d(torch._make_per_tensor_quantized_tensor(y, 1.0, 0), *self.pool)
-        return pooled.int_repr()
+        return max_pool_u8(y, *self.pool)
+
+
+def max_pool_u8(codes: torch.Tensor, *pool) -> torch.Tensor:
+    """``F.max_pool2d(codes, *pool)`` of uint8 codes, layout kept: PyTorch's max-pool takes them as a quantised tensor
+    (the scale does not matter to a maximum; its plain uint8 kernel fails on namc_base's 64 x 64 x 112 x 112)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantize.*", category=UserWarning)
+        return F.max_pool2d(torch._make_per_tensor_quantized_tensor(codes, 1.0, 0), *pool).int_repr()
+
+
+def _stem_available() -> bool:
+    """Whether this torch build pools uint8 codes as :func:`max_pool_u8` does (quantised tensors, a private
+    constructor): checked once on a tiny tensor against the float max-pool of the same codes."""
+    global _QPOOL_OK
+    if _QPOOL_OK is None:
+        try:
+            codes = torch.randint(0, 256, (1, 4, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+            codes = codes.contiguous(memory_format=torch.channels_last)
+            expected = F.max_pool2d(codes.float(), 3, 2, 1)
+            _QPOOL_OK = bool(torch.equal(max_pool_u8(codes, 3, 2, 1).float(), expected))
+        except (AttributeError, RuntimeError):
+            _QPOOL_OK = False
+    return _QPOOL_OK
 
 
 class QuantBlock(nn.Module):
@@ -250,7 +272,8 @@ def quantize_resnet(backbone: nn.Module, peaks: list[list[float]], pixel_peak: f
         return 0
     quantised = 0
     stem, pool = getattr(backbone, "conv1", None), getattr(backbone, "maxpool", None)
-    if pixel_peak is not None and isinstance(stem, FusedConv) and stem.relu and isinstance(pool, nn.MaxPool2d):
+    stem_ok = isinstance(stem, FusedConv) and stem.relu and isinstance(pool, nn.MaxPool2d) and _stem_available()
+    if pixel_peak is not None and stem_ok:
         backbone.conv1, backbone.maxpool = QuantStem(stem, pool, pixel_peak, peaks[0][0]), nn.Identity()
         quantised += 1
     index = 0
