@@ -46,15 +46,16 @@ _QCONV_OK: bool | None = None
 _QPOOL_OK: bool | None = None
 
 
-def quantize_u8(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Non-negative ``x`` as uint8 codes of ``scale`` (round to nearest, saturating at 255), layout kept.
+def quantize_u8(x: torch.Tensor, scale: float, zero_point: int = 0) -> torch.Tensor:
+    """``x`` as uint8 codes of ``scale`` and ``zero_point`` (0 for non-negative ``x``, 128 for signed; round to
+    nearest, saturating at 0 and 255), layout kept.
 
     ``torch.quantize_per_tensor`` + ``int_repr`` (one pass each): 5.6x faster than the decomposed op PT2E graphs use
     when run eagerly. Its quantised-tensor deprecation warning does not apply here: the result is a plain uint8
     tensor."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
-        return torch.quantize_per_tensor(x.float(), scale, 0, torch.quint8).int_repr()
+        return torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
 
 
 class QuantConv(nn.Module):
@@ -126,10 +127,7 @@ class QuantStem(nn.Module):
         self.pool = (pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with warnings.catch_warnings():  # plain uint8 tensors in and out; the quantised ones live inside this call
-            warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
-            qx = torch.quantize_per_tensor(x.float(), self.conv.in_scale, 128, torch.quint8).int_repr()
-            y = self.conv(qx)  # (B, C, H/2, W/2) uint8 codes of the first block's input scale
+        y = self.conv(quantize_u8(x, self.conv.in_scale, 128))  # (B, C, H/2, W/2) codes of the first block's scale
         return max_pool_u8(y, *self.pool)
 
 
@@ -193,7 +191,7 @@ class QuantBlock(nn.Module):
             accum = self.downsample(qx)
             short = (self.downsample.out_scale or 1.0, self.downsample.out_zero)
         elif self.last.out_scale is not None:
-            accum, short = qx, (self.in_scale, 0)  # the input is consumed: no copy (3.8% of the int8 grid)
+            accum, short = qx, (self.in_scale, 0)  # the input is consumed: no copy (about 5% of the int8 grid)
         else:  # the grid's output block: an fp32 sum
             accum = x.float() * self.in_scale if x.dtype == torch.uint8 else x.float().clone()
             short = (1.0, 0)
