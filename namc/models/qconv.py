@@ -226,7 +226,7 @@ def calibrate_resnet(backbone: nn.Module, batches) -> list[list[float]]:
     block, the largest value seen at its input, after each inner convolution and at its output, then the largest
     magnitude out of its downsampling shortcut if it has one."""
     blocks = _blocks(backbone)
-    peaks = [[0.0] * (len(b.inner) + 2 + (b.downsample is not None)) for b in blocks]
+    peaks = [[0.0] * n for n in peak_layout(backbone)]
     hooks = []
     for i, block in enumerate(blocks):
 
