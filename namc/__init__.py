@@ -42,7 +42,7 @@ _EXPORTS = {
     "describe": "namc.inference",
     "push_to_hub": "namc.models.hub",
 }
-_SUBPACKAGES = ("data", "eval", "lit", "models", "objectives", "ops", "text")
+_SUBPACKAGES = ("data", "eval", "lit", "models", "objectives", "ops", "runtime", "text")
 
 __all__ = [*sorted(_EXPORTS), "__version__", "from_pretrained"]
 

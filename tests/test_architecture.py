@@ -22,6 +22,7 @@ GOLDEN = ROOT / "tests" / "data" / "golden"
 RANKS = {
     "ops": 0,
     "_version": 0,
+    "runtime": 0,  # process-wide settings (the allocator): imports nothing of namc
     "text": 1,
     "models": 2,
     "objectives": 3,

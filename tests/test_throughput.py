@@ -4,6 +4,7 @@ counts tokens and FLOPs correctly. Timings are printed by the harness, never ass
 from __future__ import annotations
 
 import json
+import platform
 import re
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def report(tmp_path_factory) -> dict:
 def test_report_matches_schema(report):
     assert report["schema_version"] == tp.SCHEMA_VERSION == 2
     assert tp.validate_report(report) == []
+    assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
 
 def test_report_matches_jsonschema_package(report):
@@ -225,14 +227,17 @@ def test_unknown_model_is_a_clear_error():
 
 
 def test_omp_wait_policy_reruns_in_a_child_process(tmp_path, monkeypatch):
-    """OpenMP reads OMP_WAIT_POLICY when torch loads: the flag re-runs the benchmark in a child that has it set."""
+    """OpenMP reads OMP_WAIT_POLICY when torch loads: the flag re-runs the benchmark in a child that has it set.
+    The child, a process of its own, also applies ``--allocator reuse`` (tests/test_runtime.py checks what that
+    does)."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     out = tmp_path / "passive.json"
     argv = ["--model", "namc_tiny", "--batch-sizes", "1", "--modes", "decode", "--reference", "none"]
-    argv += ["--omp-wait-policy", "passive", "--output", str(out), *QUICK]
+    argv += ["--omp-wait-policy", "passive", "--output", str(out), *QUICK, "--allocator", "reuse"]
     assert tp.main(argv) == 0
     report = json.loads(out.read_text())
     assert report["machine"]["env"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert report["machine"]["allocator"]["reuse_freed_memory"] is (platform.libc_ver()[0] == "glibc")
     assert tp.validate_report(report) == []
 
 

@@ -6,6 +6,10 @@ runner, a 2-core VM) the spinning threads take the cores the main thread needs, 
 3-4x slower in our measurements (namc_base on 2 threads, batch 32: 123 tokens/s spinning vs 430 with
 ``OMP_WAIT_POLICY=PASSIVE``). ``--omp-wait-policy passive`` re-runs the harness in a child process with it set
 (OpenMP reads it only when torch loads); every report records the threading variables in ``machine.env``.
+
+Memory: ``--allocator reuse`` first makes glibc's allocator keep freed memory for reuse
+(:func:`namc.runtime.reuse_freed_memory`, measured there); the default, ``system``, leaves it as it is.
+``machine.allocator`` records which.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ from namc.eval.throughput.settings import (
     REFERENCES,
     BenchmarkSettings,
 )
+from namc.runtime import ALLOCATORS, allocator_settings, reuse_freed_memory
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``namc benchmark``: the :class:`BenchmarkSettings` fields, ``--omp-wait-policy``,
-    ``--output`` and ``--verbose``."""
+    ``--allocator``, ``--output`` and ``--verbose``."""
     d = BenchmarkSettings()
     p = argparse.ArgumentParser(
         prog="namc benchmark",
@@ -87,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         "child process). passive stops idle OpenMP threads from spinning: on a machine shared with other "
         "processes, spinning threads can slow small-batch decoding several-fold (default: the environment's)",
     )  # fmt: skip
+    p.add_argument(
+        "--allocator", choices=ALLOCATORS, default="system",
+        help="reuse: glibc's malloc keeps freed memory for the next tensors instead of mapping fresh pages for each "
+        "large one (namc.runtime.reuse_freed_memory; freed memory stays with the process); system: leave malloc "
+        "as it is (default %(default)s)",
+    )  # fmt: skip
     p.add_argument("--output", type=Path, default=None, help="write the JSON report here")
     p.add_argument("--verbose", action="store_true", help="log progress")
     return p
@@ -104,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.allocator == "reuse" and not reuse_freed_memory():
+        logging.getLogger(__name__).warning(
+            "--allocator reuse: not glibc's malloc here (%s); left as it is", allocator_settings()
+        )
     fields = {f.name for f in dataclasses.fields(BenchmarkSettings)}
     settings = BenchmarkSettings(**{k: v for k, v in vars(args).items() if k in fields})
     report = run_benchmark(settings)
