@@ -127,7 +127,7 @@ class QuantStem(nn.Module):
         self.pool = (pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.conv(quantize_u8(x, self.conv.in_scale, 128))  # (B, C, H/2, W/2) codes of the first block's scale
+        y = self.conv(quantize_u8(x, self.conv.in_scale, self.conv.in_zero))  # (B, C, H/2, W/2), first block's scale
         return max_pool_u8(y, *self.pool)
 
 
@@ -270,8 +270,8 @@ def quantize_resnet(backbone: nn.Module, peaks: list[list[float]], pixel_peak: f
         return 0
     quantised = 0
     stem, pool = getattr(backbone, "conv1", None), getattr(backbone, "maxpool", None)
-    stem_ok = isinstance(stem, FusedConv) and stem.relu and isinstance(pool, nn.MaxPool2d) and _stem_available()
-    if pixel_peak is not None and stem_ok:
+    stem_ok = isinstance(stem, FusedConv) and stem.relu and isinstance(pool, nn.MaxPool2d)
+    if pixel_peak is not None and stem_ok and _stem_available():
         backbone.conv1, backbone.maxpool = QuantStem(stem, pool, pixel_peak, peaks[0][0]), nn.Identity()
         quantised += 1
     index = 0

@@ -78,4 +78,4 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> DynamicLinea
     layer.weight.data = weight.detach().float().clone()
     if bias is not None:
         layer.bias.data = bias.detach().float().clone()
-    return quantize_linears(nn.Sequential(layer))[0]
+    return quantize_linears(layer)
