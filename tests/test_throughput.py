@@ -140,6 +140,23 @@ def test_run_benchmark_directory_model_and_eos_mode(tmp_path):
     assert report["training"]["kind"] == "finetune" and report["training"]["pretrain_estimate"] is None
 
 
+@pytest.mark.parametrize("length_mode", ["fixed", "eos"])
+def test_static_decode_run(length_mode):
+    """``--static-decode``: every level decodes through one StaticDecoder per batch size, with the ids of the
+    naive decoder (eos mode: rows ending where they do)."""
+    settings = tp.BenchmarkSettings(
+        model="namc_tiny", batch_sizes=(1, 3), length_mode=length_mode, repeats=1, warmup=1, gemm_size=64,
+        max_new_tokens=6, threads=1, static_decode=True,
+    )  # fmt: skip
+    report = tp.run_benchmark(settings)
+    assert tp.validate_report(report) == []
+    assert report["settings"]["static_decode"] is True
+    assert [(e["batch_size"], e["mode"]) for e in report["inference"]] == [
+        (b, m) for b in (1, 3) for m in ("decode", "grid", "e2e")
+    ]
+    assert [r["tokens_match"] for r in report["reference"]] == [True, True]
+
+
 def test_validate_report_finds_problems(report):
     broken = json.loads(json.dumps(report))
     del broken["machine"]["torch_version"]
@@ -214,6 +231,7 @@ def test_summarize():
         ({"precision": "fp8"}, "precision"),
         ({"precision": "bf16", "device": "cuda"}, "CPU runs"),
         ({"threads": 0}, "threads"),
+        ({"compile": True, "static_decode": True}, "pick one"),
     ],
 )
 def test_settings_reject_bad_values(kwargs, match):

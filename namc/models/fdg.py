@@ -138,9 +138,20 @@ class FDG(nn.Module):
         fused: list[_StepWeights],
     ) -> torch.Tensor:
         """Eval-mode step on (b,) tokens with (b, D) states; the same maths as the module path without dropout."""
-        b = tokens.shape[0]
         x = F.embedding(tokens, self.tok.weight) + self.pos[position]  # (b, D)
-        D = x.shape[1]
+        return self._fused_layers(x, caches, cross_kv, memory_mask, fused)
+
+    def _fused_layers(
+        self,
+        x: torch.Tensor,
+        caches: list[KVCache],
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        memory_mask: torch.Tensor | None,
+        fused: list[_StepWeights],
+    ) -> torch.Tensor:
+        """The eval step's layers on (b, D) input states -> (b, V) logits; each cache's keys are attended under its
+        ``mask`` (None: all it returns; :class:`~namc.models.static_decode.StaticKVCache` masks the slots ahead)."""
+        b, D = x.shape
         mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
         # the fused SDPA kernel is slow for one query in bf16 from 8 rows up (attend_one); fp32 keeps it (bit for bit)
         kv_dtype = cross_kv[0][0].dtype  # bf16 in a bf16 or int8 copy (FDG.pack_step)
@@ -150,7 +161,7 @@ class FDG(nn.Module):
             H, E = block.self_attn.heads, block.self_attn.head_dim
             qkv = onednn.dense(block.ln_self(x), *w.qkv).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
             k, v = cache.append(qkv[:, 1], qkv[:, 2])  # 2 x (b, H, t, E)
-            y = attend(qkv[:, 0], k, v)  # (b, H, 1, E)
+            y = attend(qkv[:, 0], k, v, cache.mask)  # (b, H, 1, E)
             x = x + onednn.dense(y.view(b, D), *w.self_out)  # (b, D)
             q = onednn.dense(block.ln_cross(x), *w.cross_q).view(b, H, 1, E)
             y = attend(q.to(kv_dtype), k_mem, v_mem, mask).to(q.dtype)  # (b, H, 1, E); casts: int8 copy only
@@ -169,23 +180,32 @@ class FDG(nn.Module):
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, memory.dtype)
             for _ in self.blocks
         ]
-        # int8 copy: bf16 keys/values from 16 rows up (below, fp32's fused SDPA kernel is as fast)
-        kv_dtype = getattr(self, "_cross_kv_dtype", None) if not self.training and B >= 2 * onednn.MIN_ROWS else None
-        cross_kv = [
+        fused = None if self.training else self.step_weights()
+        if fused is not None and "_compiled_step" in self.__dict__ and onednn.is_packed(fused[0].vocab[0]):
+            # a compiled graph cannot take oneDNN's opaque tensors: compile over the plain weights
+            fused = [_StepWeights.of(block, self._vocab()) for block in self.blocks]
+        return caches, self.cross_kv(memory), fused
+
+    def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's cross-attention keys and values of (B, N, D) ``memory``, 2 x (B, H, N, E), contiguous: once
+        per generation. An int8 copy keeps them in bf16 from 16 rows up (below, fp32's fused SDPA kernel is as
+        fast; :meth:`pack_step`)."""
+        big = not self.training and memory.shape[0] >= 2 * onednn.MIN_ROWS
+        kv_dtype = getattr(self, "_cross_kv_dtype", None) if big else None
+        return [
             tuple(
                 t.contiguous() if kv_dtype is None else t.to(kv_dtype, memory_format=torch.contiguous_format)
                 for t in block.context_kv(memory)
             )
             for block in self.blocks
         ]
-        fused = None
-        if not self.training:
-            vocab = (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
-            fused = getattr(self, "_packed_step", None)
-            if fused is not None and "_compiled_step" in self.__dict__ and onednn.is_packed(fused[0].vocab[0]):
-                fused = None  # a compiled graph cannot take oneDNN's opaque tensors: compile over the plain weights
-            fused = fused or [_StepWeights.of(block, vocab) for block in self.blocks]
-        return caches, cross_kv, fused
+
+    def step_weights(self) -> list[_StepWeights]:
+        """The eval step's matrices per layer: those :meth:`pack_step` prepared, else the live parameters."""
+        return getattr(self, "_packed_step", None) or [_StepWeights.of(block, self._vocab()) for block in self.blocks]
+
+    def _vocab(self) -> tuple[torch.Tensor, None]:
+        return (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
 
     def pack_step(self, precision: str) -> None:
         """Keep the eval step's matrices (the vocabulary projection included) in a form prepared once, for an
@@ -209,7 +229,7 @@ class FDG(nn.Module):
         """
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
-        vocab = (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)
+        vocab = self._vocab()
         packed = [_StepWeights.of(block, vocab) for block in self.blocks]
         if precision == "bf16" and not (vocab[0].device.type == "cpu" and onednn.linear_available()):
             return

@@ -27,6 +27,8 @@ class KVCache:
         dtype: buffer dtype.
     """
 
+    mask: torch.Tensor | None = None  # what ``append`` returns is all attendable
+
     def __init__(self, batch: int, heads: int, max_len: int, head_dim: int, device, dtype) -> None:
         self.k = torch.empty(batch, heads, max_len, head_dim, device=device, dtype=dtype)  # (B, H, S, E)
         self.v = torch.empty_like(self.k)

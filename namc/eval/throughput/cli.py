@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-repeats", type=int, default=d.reference_repeats)
     p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoding step")
+    p.add_argument(
+        "--static-decode", action="store_true",
+        help="decode in fixed-shape steps over a static KV cache (namc.models.static_decode), on CUDA one CUDA "
+        "graph per batch size replayed at every step; on a CPU the same steps run eagerly",
+    )  # fmt: skip
     p.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="0 skips training (default)")
     p.add_argument("--train-steps", type=int, default=d.train_steps)
     p.add_argument("--train-warmup", type=int, default=d.train_warmup)

@@ -45,6 +45,7 @@ from namc.eval.throughput.settings import LENGTH_MODES, BenchmarkSettings
 from namc.eval.throughput.timing import peak_memory, summarize, synchronize, time_calls
 from namc.models.namc import NAMC
 from namc.models.precision import run_context
+from namc.models.static_decode import StaticDecoder
 
 __all__ = ["generated_lengths", "length_mode", "run_inference"]
 
@@ -140,11 +141,20 @@ def _decoders(
         grid = model.grid(torch.cat([img1, img2]))  # (2B, N, C)
         grid1, grid2 = grid[:batch], grid[batch:]
         memory = model.encode_pair(None, None, grid1, grid2)  # (B, N, D)
-    optimised = {
-        "decode": _within(ctx, lambda: model.fdg.generate(memory, n_new)),
-        "grid": _within(ctx, lambda: model.generate_ids(None, None, n_new, grid_1=grid1, grid_2=grid2)),
-        "e2e": _within(ctx, lambda: model.generate_ids(img1, img2, n_new)),
-    }
+    if settings.static_decode:  # one decoder per batch size: its buffers (and CUDA graph) serve all three levels
+        decode = StaticDecoder(model.fdg, n_new)
+        levels = {
+            "decode": lambda: memory,
+            "grid": lambda: model.encode_pair(None, None, grid1, grid2),
+            "e2e": lambda: model.encode_pair(img1, img2),
+        }
+        optimised = {k: _within(ctx, torch.inference_mode()(lambda f=f: decode(f()))) for k, f in levels.items()}
+    else:
+        optimised = {
+            "decode": _within(ctx, lambda: model.fdg.generate(memory, n_new)),
+            "grid": _within(ctx, lambda: model.generate_ids(None, None, n_new, grid_1=grid1, grid_2=grid2)),
+            "e2e": _within(ctx, lambda: model.generate_ids(img1, img2, n_new)),
+        }
     naive = {"decode": _within(ctx, lambda: generate_uncached(model.fdg, memory, n_new))}
     if peer is not None:
         dtype = peer.clip.token_embedding.weight.dtype

@@ -110,6 +110,9 @@ _SETTINGS = {
     ),
     "gemm_size": _field("integer", "side of the square matmul", minimum=1),
     "compile": _field("boolean", "FDG's decoding step ran under `torch.compile`"),
+    "static_decode": _field(
+        "boolean", "decoding ran in fixed-shape steps over a static KV cache (a CUDA graph per batch size on CUDA)"
+    ),
     "train_batch_size": _field("integer", "pairs per training step (0: no training measurement)", minimum=0),
     "train_steps": _field("integer", "timed training steps", minimum=1),
     "train_warmup": _field("integer", "untimed training steps", minimum=0),

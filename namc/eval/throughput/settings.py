@@ -71,6 +71,8 @@ class BenchmarkSettings:
         reference_repeats: timed calls of the naive decoder, and timed rounds of each peer comparison.
         gemm_size: side of the square matmul whose FLOP/s is the efficiency reference.
         compile: ``torch.compile`` FDG's decoding step.
+        static_decode: decode with :class:`~namc.models.static_decode.StaticDecoder` (fixed-shape steps over a
+            static KV cache; on CUDA one CUDA graph per batch size, replayed at every step) in every level.
         train_batch_size: pairs per training step; 0 skips the training measurement.
         train_steps: timed training steps.
         train_warmup: untimed training steps.
@@ -95,6 +97,7 @@ class BenchmarkSettings:
     reference_repeats: int = 1
     gemm_size: int = 1024
     compile: bool = False
+    static_decode: bool = False
     train_batch_size: int = 0
     train_steps: int = 3
     train_warmup: int = 1
@@ -129,5 +132,7 @@ class BenchmarkSettings:
             raise ValueError(f"int8_grid must be one of {INT8_GRIDS}, got {self.int8_grid!r}")
         if self.precision != "fp32" and (torch.device(self.device).type != "cpu" or self.dtype != "float32"):
             raise ValueError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
+        if self.compile and self.static_decode:
+            raise ValueError("compile and static_decode are two ways of running the step: pick one")
         if torch.device(self.device).type != "cuda" and self.dtype != "float32":
             raise ValueError(f"{self.dtype} is measured on CUDA only; use float32 on {self.device}")
