@@ -123,13 +123,20 @@ def test_refusals():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "autocast"])
 def test_cuda_graph_equals_eager(dtype):
+    """The graph replays the eager step: a model in fp32 or bf16, or fp32 under bf16 autocast (captured with the
+    cast cache off); rows ending at different steps."""
+    amp = dtype == "autocast"
+    dtype = torch.float32 if amp else dtype
     fdg = _fdg(6, vocab=8, tie=False).to("cuda", dtype)
     memory = torch.randn(64, 9, 32, device="cuda", dtype=dtype)
     fdg.eos_id = 5
-    eager = StaticDecoder(fdg, 20, graph=False)(memory)
-    graphed = StaticDecoder(fdg, 20)
-    assert torch.equal(graphed(memory), eager)
-    assert torch.equal(graphed(memory), eager)  # replayed on the same graph
+    with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+        eager = StaticDecoder(fdg, 20, graph=False)(memory)
+        graphed = StaticDecoder(fdg, 20)
+        assert torch.equal(graphed(memory), eager)
+        assert torch.equal(graphed(memory), eager)  # replayed on the same graph
+        other = torch.randn_like(memory)
+        assert torch.equal(graphed(other), StaticDecoder(fdg, 20, graph=False)(other))
     assert next(iter(graphed._states.values())).graph is not None
