@@ -109,6 +109,7 @@ def test_report_contents(report):
     assert t["kind"] == "pretrain" and t["batch_size"] == 2 and not t["vqgan_in_step"]
     est = t["pretrain_estimate"]
     assert est["hours"] == pytest.approx(770_000 * 20 / t["pairs_per_s"]["median"] / 3600)
+    assert est["devices"] == 8 and est["hours_on_devices"] == pytest.approx(est["hours"] / 8)
     assert report["paper_table5"][-1] == {"model": "NAMC (Ours)", "parameters": 64_200_000, "tokens_per_s": 2248.53}
 
 

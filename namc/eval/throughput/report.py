@@ -147,7 +147,8 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
         lines.append(
             f"pre-training {est['pairs']:,} pairs x {est['epochs']} epochs on this device: "
             f"{est['hours']:.1f} h [{est['hours_min']:.1f}-{est['hours_max']:.1f}] "
-            f"({est['hours'] / 24:.1f} days) at batch {t['batch_size']}"
+            f"({est['hours'] / 24:.1f} days) at batch {t['batch_size']}; on {est['devices']} such devices at "
+            f"linear scaling {est['hours_on_devices']:.1f} h"
         )
     return lines
 

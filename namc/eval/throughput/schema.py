@@ -291,6 +291,10 @@ _PEER = {
 _ESTIMATE = {
     "pairs": _field("integer", "770,000 (section 3.1.1)"),
     "epochs": _field("integer", "20 (appendix F)"),
+    "devices": _field("integer", "8, the paper's pre-training devices (appendix F: 8 AMD MI250x, batch 512 in all)"),
+    "hours_on_devices": _field(
+        "number", "`hours` / `devices`: data parallel at this per-device batch, linear scaling assumed (a lower bound)"
+    ),
     "hours": _field("number", "pairs x epochs / `pairs_per_s.median` / 3600, on this device at this batch size"),
     "hours_min": _field("number", "the same at the fastest step"),
     "hours_max": _field("number", "the same at the slowest step"),

@@ -17,6 +17,7 @@ __all__ = [
     "MODES",
     "PAPER_TABLE5",
     "PRECISIONS",
+    "PRETRAIN_DEVICES",
     "PRETRAIN_EPOCHS",
     "PRETRAIN_PAIRS",
     "INT8_GRIDS",
@@ -34,6 +35,7 @@ PAPER_TABLE5: tuple[dict[str, Any], ...] = (
 )
 PRETRAIN_PAIRS = 770_000  # section 3.1.1: "approximately 770K synthetic and real image pairs"
 PRETRAIN_EPOCHS = 20  # appendix F: "Pre-training is carried out for 20 epochs"
+PRETRAIN_DEVICES = 8  # appendix F: "a batch size of 512, distributed across 8 AMD MI250x GPUs"
 
 MODES = ("decode", "grid", "e2e")
 REFERENCES = ("none", "decode", "clip4idc", "all")

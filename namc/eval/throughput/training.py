@@ -3,7 +3,7 @@
 A step is forward + backward + Adam step + zeroing the gradients, with the objectives of :mod:`namc.objectives` and
 the paper's learning rates (:data:`~namc.objectives.PRETRAIN_LR`, :data:`~namc.objectives.FINETUNE_LR`, appendix F).
 The pre-training estimate is the paper's run (770K pairs, section 3.1.1, x 20 epochs, appendix F) at the measured
-pairs/s.
+pairs/s, on this device and on the paper's 8 devices at linear scaling.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from typing import Any
 import torch
 
 from namc.data.collate import CaptionCollator, PretrainCollator
-from namc.eval.throughput.settings import DTYPES, PRETRAIN_EPOCHS, PRETRAIN_PAIRS, BenchmarkSettings
+from namc.eval.throughput.settings import (
+    DTYPES,
+    PRETRAIN_DEVICES,
+    PRETRAIN_EPOCHS,
+    PRETRAIN_PAIRS,
+    BenchmarkSettings,
+)
 from namc.eval.throughput.timing import peak_memory, summarize, time_calls
 from namc.models.namc import NAMC
 from namc.objectives import FINETUNE_LR, PRETRAIN_LR, finetune_step, optimizer_groups, pretrain_step
@@ -109,12 +115,16 @@ def _train_step(
 
 
 def _pretrain_estimate(pairs_per_s: dict[str, Any]) -> dict[str, Any]:
-    """Hours of the paper's pre-training run at the measured pairs/s (median, fastest and slowest step)."""
+    """Hours of the paper's pre-training run at the measured pairs/s (median, fastest and slowest step), on this
+    device and on the paper's 8 (data parallel at this per-device batch, linear scaling: an upper bound on speed)."""
     total = PRETRAIN_PAIRS * PRETRAIN_EPOCHS
+    hours = total / pairs_per_s["median"] / 3600
     return {
         "pairs": PRETRAIN_PAIRS,
         "epochs": PRETRAIN_EPOCHS,
-        "hours": total / pairs_per_s["median"] / 3600,
+        "devices": PRETRAIN_DEVICES,
+        "hours_on_devices": hours / PRETRAIN_DEVICES,
+        "hours": hours,
         "hours_min": total / pairs_per_s["max"] / 3600,
         "hours_max": total / pairs_per_s["min"] / 3600,
     }
