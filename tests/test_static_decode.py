@@ -95,6 +95,25 @@ def test_buffers_are_kept_per_shape():
     assert len(decoder._states) == 2 and state not in decoder._states.values()  # the oldest shape left
 
 
+def test_rebuilt_after_the_weights_change():
+    """An optimiser step changes the matrices the step reads (the stacked q/k/v is a copy): the decoder rebuilds."""
+    fdg = _fdg(7)
+    memory = torch.randn(3, 9, 32)
+    decoder = StaticDecoder(fdg, 8)
+    before = decoder(memory)
+    state = next(iter(decoder._states.values()))
+    assert torch.equal(decoder(memory), before) and next(iter(decoder._states.values())) is state
+    opt = torch.optim.SGD(fdg.parameters(), lr=1.0)
+    fdg.train()
+    fdg(torch.full((3, 4), fdg.bos_id), memory).logsumexp(-1).sum().backward()
+    opt.step()
+    fdg.eval()
+    after = fdg.generate(memory, 8)
+    assert not torch.equal(after, before)  # the step changed the ids
+    assert torch.equal(decoder(memory), after)
+    assert next(iter(decoder._states.values())) is not state
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 @pytest.mark.parametrize("batch", [2, 32])
 def test_precision_copies(precision, batch):

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from namc import ops
 from namc.models.fdg import FDG
 from namc.models.layers import KVCache
+from namc.models.precision import _fingerprint
 
 __all__ = ["StaticDecoder", "StaticKVCache"]
 
@@ -90,8 +91,9 @@ class StaticDecoder:
 
     Call it on (B, N, D) memory (E_MIR, :meth:`NAMC.encode_pair <namc.models.namc.NAMC.encode_pair>`) as
     ``fdg.generate(memory, max_new_tokens)`` is called; it returns the same (B, T) ids. Buffers (and graphs) are
-    kept for the ``max_shapes`` most recent shapes. The FDG must be in eval mode and its weights must not change
-    while the decoder is in use (a captured graph reads the matrices it was captured with).
+    kept for the ``max_shapes`` most recent shapes, and all dropped when a parameter of the FDG changed since they
+    were built (an optimiser step, ``load_state_dict``): a captured graph reads the matrices it was captured with.
+    The FDG must be in eval mode.
 
     Args:
         fdg: the decoder (eval mode).
@@ -118,6 +120,7 @@ class StaticDecoder:
         self.fdg, self.max_new_tokens, self.graph = fdg, max_new_tokens, graph
         self.check_every, self.max_shapes, self.warmup = check_every, max_shapes, warmup
         self._states: OrderedDict[tuple, _State] = OrderedDict()
+        self._built_for: tuple = ()  # the FDG's parameters when the states were built (_fingerprint)
 
     @torch.inference_mode()
     def __call__(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -165,6 +168,10 @@ class StaticDecoder:
         s.position += 1
 
     def _state(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> _State:
+        weights = _fingerprint(self.fdg)
+        if weights != self._built_for:
+            self._states.clear()
+            self._built_for = weights
         key = (tuple(memory.shape), memory.dtype, memory.device, memory_mask is not None)
         if key in self._states:
             self._states.move_to_end(key)
