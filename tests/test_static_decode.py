@@ -134,6 +134,10 @@ def test_refusals():
         StaticDecoder(fdg, 33)
     with pytest.raises(ValueError, match="CUDA device"):
         StaticDecoder(fdg, 5, graph=True)(torch.randn(1, 9, 32))
+    with pytest.raises(ValueError, match=r"memory must be \(B, N, 32\), got \(9, 32\)"):
+        StaticDecoder(fdg, 5)(torch.randn(9, 32))
+    with pytest.raises(ValueError, match="memory_mask must be"):
+        StaticDecoder(fdg, 5)(torch.randn(2, 9, 32), torch.ones(2, 8, dtype=torch.bool))
     with pytest.raises(RuntimeError, match="eval"):
         StaticDecoder(fdg.train(), 5)(torch.randn(1, 9, 32))
     cache = StaticKVCache(1, 4, 5, 8, torch.zeros(1, dtype=torch.long), torch.float32)

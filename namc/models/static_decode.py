@@ -128,6 +128,10 @@ class StaticDecoder:
         fdg = self.fdg
         if fdg.training:
             raise RuntimeError("StaticDecoder decodes an eval-mode FDG: call .eval() first (dropout is on)")
+        if memory.dim() != 3 or memory.shape[-1] != fdg.config.dim:
+            raise ValueError(f"memory must be (B, N, {fdg.config.dim}), got {tuple(memory.shape)}")
+        if memory_mask is not None and memory_mask.shape != memory.shape[:2]:
+            raise ValueError(f"memory_mask must be {tuple(memory.shape[:2])}, got {tuple(memory_mask.shape)}")
         s = self._state(memory, memory_mask)
         for (k_buf, v_buf), (k, v) in zip(s.cross_kv, fdg.cross_kv(memory)):
             k_buf.copy_(k)
