@@ -143,12 +143,12 @@ def _decoders(
         memory = model.encode_pair(None, None, grid1, grid2)  # (B, N, D)
     if settings.static_decode:  # one decoder per batch size: its buffers (and CUDA graph) serve all three levels
         decode = StaticDecoder(model.fdg, n_new)
-        levels = {
-            "decode": lambda: memory,
-            "grid": lambda: model.encode_pair(None, None, grid1, grid2),
-            "e2e": lambda: model.encode_pair(img1, img2),
+        encode = torch.inference_mode()(model.encode_pair)  # as generate_ids runs it
+        optimised = {
+            "decode": _within(ctx, lambda: decode(memory)),
+            "grid": _within(ctx, lambda: decode(encode(None, None, grid1, grid2))),
+            "e2e": _within(ctx, lambda: decode(encode(img1, img2))),
         }
-        optimised = {k: _within(ctx, torch.inference_mode()(lambda f=f: decode(f()))) for k, f in levels.items()}
     else:
         optimised = {
             "decode": _within(ctx, lambda: model.fdg.generate(memory, n_new)),
