@@ -26,7 +26,8 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 2  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision
+SCHEMA_VERSION = 3  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+# machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
