@@ -82,7 +82,6 @@ class _State:
     caches: list[StaticKVCache]
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # 2 x (B, H, N, E) per layer
     memory_mask: torch.Tensor | None  # (B, N) bool
-    weights: list  # FDG.step_weights(): the matrices the step (and its graph) reads
     graph: torch.cuda.CUDAGraph | None = None
 
 
@@ -121,6 +120,7 @@ class StaticDecoder:
         self.check_every, self.max_shapes, self.warmup = check_every, max_shapes, warmup
         self._states: OrderedDict[tuple, _State] = OrderedDict()
         self._built_for: tuple = ()  # the FDG's parameters when the states were built (_fingerprint)
+        self._weights: list = []  # FDG.step_weights() then: the matrices every state's step (and graph) reads
 
     @torch.inference_mode()
     def __call__(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -132,8 +132,9 @@ class StaticDecoder:
             raise ValueError(f"memory must be (B, N, {fdg.config.dim}), got {tuple(memory.shape)}")
         if memory_mask is not None and memory_mask.shape != memory.shape[:2]:
             raise ValueError(f"memory_mask must be {tuple(memory.shape[:2])}, got {tuple(memory_mask.shape)}")
-        s = self._state(memory, memory_mask)
-        for (k_buf, v_buf), (k, v) in zip(s.cross_kv, fdg.cross_kv(memory)):
+        cross_kv = fdg.cross_kv(memory)  # the prefill, once per call
+        s = self._state(memory, memory_mask, cross_kv)
+        for (k_buf, v_buf), (k, v) in zip(s.cross_kv, cross_kv):
             k_buf.copy_(k)
             v_buf.copy_(v)
         if memory_mask is not None:
@@ -164,28 +165,30 @@ class StaticDecoder:
         seen = (s.slots <= s.position)[None, None, None, :]  # (1, 1, 1, L): the slots written so far
         for cache in s.caches:
             cache.mask = seen
-        logits = fdg._fused_layers(x, s.caches, s.cross_kv, s.memory_mask, s.weights)  # (B, V)
+        logits = fdg._fused_layers(x, s.caches, s.cross_kv, s.memory_mask, self._weights)  # (B, V)
         nxt = logits.max(dim=-1).indices.masked_fill(s.finished, fdg.pad_id)  # (B,): argmax, first index on ties
         s.out.index_copy_(1, s.position, nxt[:, None])
         s.finished |= nxt == s.eos
         s.tokens.copy_(nxt)
         s.position += 1
 
-    def _state(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> _State:
+    def _state(self, memory: torch.Tensor, memory_mask: torch.Tensor | None, cross_kv: list) -> _State:
         weights = _fingerprint(self.fdg)
         if weights != self._built_for:
             self._states.clear()
-            self._built_for = weights
+            self._built_for, self._weights = weights, self.fdg.step_weights()
         key = (tuple(memory.shape), memory.dtype, memory.device, memory_mask is not None)
         if key in self._states:
             self._states.move_to_end(key)
             return self._states[key]
         while len(self._states) >= self.max_shapes:
             self._states.popitem(last=False)
-        self._states[key] = s = self._build(memory, memory_mask)
+        self._states[key] = s = self._build(memory, memory_mask, cross_kv)
         return s
 
-    def _build(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> _State:
+    def _build(self, memory: torch.Tensor, memory_mask: torch.Tensor | None, cross_kv: list) -> _State:
+        """The buffers of ``memory``'s shape, holding this call's prefill ``cross_kv`` (a capture's warm-up steps
+        run on it); the CUDA graph where one is captured."""
         fdg, L = self.fdg, self.max_new_tokens
         B, _, D = memory.shape
         device = memory.device
@@ -198,9 +201,8 @@ class StaticDecoder:
             eos=torch.empty((), dtype=torch.long, device=device),
             out=torch.empty(B, L, dtype=torch.long, device=device),
             caches=[StaticKVCache(B, fdg.heads, L, D // fdg.heads, position, memory.dtype) for _ in fdg.blocks],
-            cross_kv=[(k.clone(), v.clone()) for k, v in fdg.cross_kv(memory)],
+            cross_kv=[(k.clone(), v.clone()) for k, v in cross_kv],
             memory_mask=None if memory_mask is None else memory_mask.clone(),
-            weights=fdg.step_weights(),
         )
         if self.graph if self.graph is not None else device.type == "cuda":
             s.graph = self._capture(s)
