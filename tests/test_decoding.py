@@ -16,7 +16,7 @@ from namc.data.collate import pad_sequences
 from namc.eval.throughput.baselines import generate_reference, generate_uncached
 from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
-from namc.models.layers import attend_one
+from namc.models.layers import GELU, Block, attend_one
 
 PAIRS = 8
 
@@ -182,6 +182,30 @@ def test_dense_matches_linear():
         assert torch.allclose(onednn.dense(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
         small = torch.randn(16, 1024)
         assert torch.allclose(onednn.dense(x, small), F.linear(x, small), atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_in_place_at_inference_only(approximate):
+    """The blocks' GELU overwrites its input where autograd is off (PyTorch's values to the bit) and leaves it, with
+    PyTorch's gradient, where autograd is on."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 7, 96, generator=g) * 3
+    act, ref = GELU(approximate), torch.nn.GELU(approximate)
+    want = ref(x)
+    for mode in (torch.no_grad, torch.inference_mode):
+        y = x.clone()
+        with mode():
+            out = act(y)
+        assert out.data_ptr() == y.data_ptr() and torch.equal(out, want) and torch.equal(y, want)
+    leaf = x.clone().requires_grad_()
+    out = act(leaf)
+    assert torch.equal(leaf.detach(), x) and torch.equal(out.detach(), want)
+    out.sum().backward()
+    twin = x.clone().requires_grad_()
+    ref(twin).sum().backward()
+    assert torch.equal(leaf.grad, twin.grad)
+    block = Block(32, 2)
+    assert isinstance(block.ffn[1], GELU) and block.ffn[1].approximate == "none"
 
 
 def test_beam_size_one_equals_greedy(trained):

@@ -140,6 +140,23 @@ class Attention(nn.Module):
         return (y, weights) if need_weights else y
 
 
+class GELU(nn.GELU):
+    """``nn.GELU`` that overwrites its input where autograd is off (inference), the same values to the bit.
+
+    In a block's feed-forward the GELU's input is the first layer's fresh output, which nothing else reads. In place
+    it saves an activation-sized allocation, which above glibc's mmap threshold (at most 32 MiB) comes as fresh
+    pages to fault in and zero: namc_base's MIR at batch 32 has (64, 196, 3072) FFN activations, 154 MB. MIR of
+    the int8 copy at batch 32, two AMD EPYC threads, one process alternating the two, 6 calls each, three runs:
+    1659 -> 1619, 1742 -> 1641, 1680 -> 1617 ms (1.02-1.06x); bf16 1778 -> 1745 ms. Training keeps PyTorch's GELU,
+    whose backward reads the input.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return super().forward(x)
+        return torch.ops.aten.gelu_(x, approximate=self.approximate)
+
+
 class Block(nn.Module):
     """Pre-LN transformer layer: self-attention -> cross-attention -> feed-forward (section 3.2.2)."""
 
@@ -152,7 +169,7 @@ class Block(nn.Module):
         self.cross_attn = Attention(dim, heads, dropout)
         self.ln_ffn = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
-        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden), GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
         self.drop = nn.Dropout(dropout)
 
     def self_attend(
