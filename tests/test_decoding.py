@@ -16,7 +16,7 @@ from namc.data.collate import pad_sequences
 from namc.eval.throughput.baselines import generate_reference, generate_uncached
 from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
-from namc.models.layers import GELU, Block, attend_one
+from namc.models.layers import GELU, Block, attend_one, residual
 
 PAIRS = 8
 
@@ -206,6 +206,33 @@ def test_gelu_in_place_at_inference_only(approximate):
     assert torch.equal(leaf.grad, twin.grad)
     block = Block(32, 2)
     assert isinstance(block.ffn[1], GELU) and block.ffn[1].approximate == "none"
+
+
+def test_residual_in_place_at_inference_only():
+    """The blocks' residual addition writes into the sub-layer's output where autograd is off, else (or where the
+    addition would promote the dtype or broadcast) it is PyTorch's ``x + h``."""
+    g = torch.Generator().manual_seed(6)
+    x, h = torch.randn(3, 5, 8, generator=g), torch.randn(3, 5, 8, generator=g)
+    want = x + h
+    with torch.inference_mode():
+        x2, h2 = x.clone(), h.clone()
+        out = residual(x2, h2)
+        assert out.data_ptr() == h2.data_ptr() and torch.equal(out, want) and torch.equal(x2, x)
+        half = h.bfloat16()
+        assert torch.equal(residual(x, half), x + half) and residual(x, half).dtype == torch.float32
+        row = h[:, :1].clone()
+        assert torch.equal(residual(x, row), x + row) and torch.equal(row, h[:, :1])
+    leaf = h.clone().requires_grad_()
+    out = residual(x, leaf)
+    assert out.data_ptr() != leaf.data_ptr() and torch.equal(out.detach(), want)
+    out.sum().backward()
+    assert torch.equal(leaf.grad, torch.ones_like(h))
+    block = Block(8, 2).eval()
+    y, ctx = torch.randn(2, 4, 8, generator=g), torch.randn(2, 6, 8, generator=g)
+    with torch.inference_mode():
+        fast = block(y, ctx)
+    with torch.enable_grad():
+        assert torch.equal(block(y, ctx), fast)  # the out-of-place path, the same values to the bit
 
 
 def test_beam_size_one_equals_greedy(trained):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from namc.models.layers import Attention, Block
+from namc.models.layers import Attention, Block, residual
 
 __all__ = ["ConcatFusion", "MDPFusion", "create_fusion", "list_fusions", "register_fusion"]
 
@@ -101,7 +101,7 @@ class _CrossAttention(nn.Module):
         self.attn = Attention(dim, heads)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return x + self.attn(self.ln_query(x), self.ln_context(context))  # (B, T, D)
+        return residual(x, self.attn(self.ln_query(x), self.ln_context(context)))  # (B, T, D)
 
 
 @register_fusion("mdp")
