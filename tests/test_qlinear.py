@@ -1,7 +1,10 @@
 """Dynamic int8 linear layers (namc.models.qlinear): 8-bit activations where the CPU has VNNI, no saturation at the
-top of the range, every ``nn.Linear`` of a module replaced."""
+top of the range, every ``nn.Linear`` of a module replaced, the same layers as PyTorch's deprecated flow without it."""
 
 from __future__ import annotations
+
+import copy
+import warnings
 
 import pytest
 import torch
@@ -25,7 +28,7 @@ def test_activations_use_8_bits_with_vnni():
     ref = x @ weight.T + bias
     with torch.inference_mode():
         y = layer(x)
-        packed = layer._packed_params._packed_params
+        packed = layer.packed
         assert torch.equal(y, torch.ops.quantized.linear_dynamic(x, packed, reduce_range=False))
         seven_bit = torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)  # PyTorch's module
     assert _error(y, ref) < 0.6 * _error(seven_bit, ref)  # measured 0.50x: one more bit halves the error
@@ -76,3 +79,36 @@ def test_linear_subclasses_take_their_own_int8_form_or_raise():
         quantize_linears(nn.Sequential(nn.Linear(4, 4), Scaled(4, 4)))
     attention = quantize_linears(nn.Sequential(nn.MultiheadAttention(16, 2)))[0]
     assert type(attention.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+
+
+def test_the_same_layers_as_pytorchs_flow_without_it():
+    """namc quantises the weights itself (torch.ao.quantization is deprecated, to be removed): the codes, scales and
+    zero points of PyTorch's per-channel dynamic flow to the bit, rows of zeros and of one sign included, so the
+    outputs are the same; building a copy warns of no deprecation; the copy keeps none of the replaced fp32 weights."""
+    flow = pytest.importorskip("torch.ao.quantization")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32, bias=False)).eval()
+    with torch.no_grad():
+        net[0].weight[3] = 0
+        net[0].weight[5] = torch.rand(64)
+        net[2].weight[7] = -torch.rand(128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q = quantize_linears(net)
+    assert sum(p.numel() for p in q.parameters()) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = flow.quantize_dynamic(net, {nn.Linear: flow.per_channel_dynamic_qconfig})
+    for mine, theirs in ((q[0], ref[0]), (q[2], ref[2])):
+        a, b = mine.weight(), theirs.weight()
+        assert torch.equal(a.int_repr(), b.int_repr())
+        assert torch.equal(a.q_per_channel_scales(), b.q_per_channel_scales())
+        assert torch.equal(a.q_per_channel_zero_points(), b.q_per_channel_zero_points())
+        assert (mine.bias() is None) == (theirs.bias() is None)
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        theirs = [m._packed_params._packed_params for m in (ref[0], ref[2])]
+        h = torch.ops.quantized.linear_dynamic(x, theirs[0], reduce_range=not full_range())
+        y = torch.ops.quantized.linear_dynamic(net[1](h), theirs[1], reduce_range=not full_range())
+        assert torch.equal(q(x), y)
+        assert torch.equal(copy.deepcopy(q)(x), y)  # the packed weights survive a copy

@@ -203,8 +203,14 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         return cached[precision][1]
     cached.pop(precision, None)  # free the stale copy before building the new one
     with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
-        skip = {id(m): None for m in (getattr(model, "nim", None), getattr(model, "vqgan", None)) if m is not None}
-        twin = copy.deepcopy(model, memo=skip).eval()
+        memo: dict[int, nn.Module | None] = {
+            id(m): None for m in (getattr(model, "nim", None), getattr(model, "vqgan", None)) if m is not None
+        }
+        if precision == "int8":
+            from namc.models.qlinear import int8_forms
+
+            memo.update(int8_forms(model.mir))  # MIR's linear layers copied straight into int8
+        twin = copy.deepcopy(model, memo=memo).eval()
         twin.grid.fold_batchnorm()
         if precision == "bf16":
             for module in twin.modules():
@@ -215,13 +221,10 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
             twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
             twin.fdg.pack_step("bf16")  # the decoding step's matrices in oneDNN's layout, reordered once
         else:
-            from namc.models.qlinear import quantize_linears
-
             fused = twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
             peaks = int8_calibration(model)
             if fused and peaks is not None:
                 twin.grid.quantize_int8(peaks)  # static int8 blocks, scales from calibrate_int8
-            twin.mir = quantize_linears(twin.mir)
             twin.fdg.pack_step("int8")
     cached[precision] = (key, twin)
     return twin
