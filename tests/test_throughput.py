@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,18 @@ def test_clip4idc_peer_decodes_from_its_memory():
         assert torch.equal(peer.logits(prefix, memory).argmax(-1), ids)
     int8 = tp.peer_at(peer, "int8")
     assert isinstance(int8.head, DynamicLinear) and int8 is not peer
+
+
+def test_gpu_session_script_names_its_missing_wheels(tmp_path):
+    """tools/gpu_session.sh (the GPU runbook) stops at once, with what to do, where its wheels are not."""
+    script = Path(__file__).resolve().parents[1] / "tools" / "gpu_session.sh"
+    env = {"PATH": "/usr/bin:/bin", "WHEEL_DIR": str(tmp_path / "none"), "OUT": str(tmp_path / "out")}
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert usage.returncode == 2 and "gpu_session.sh check" in usage.stderr and "set -euo" not in usage.stderr
+    check = subprocess.run(["bash", str(script), "check"], capture_output=True, text=True, env=env)
+    assert check.returncode == 2
+    assert check.stderr.strip() == (
+        f"gpu_session.sh: no wheels in {tmp_path / 'none'}: run 'bash tools/gpu_session.sh wheels' where pip works "
+        f"and carry {tmp_path / 'none'} to the GPU machine"
+    )
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU part of the speed issue on a lent GPU machine, which has PyTorch but cannot reach a package index.
+#
+#   bash tools/gpu_session.sh wheels   # here, with pip and the index: the packages namc needs that the machine lacks
+#   bash tools/gpu_session.sh check    # there, carrying .whl: the CUDA-graph tests and a short namc_tiny benchmark
+#   bash tools/gpu_session.sh bench    # there: namc_base in bf16 against the CLIP4IDC peer, batch 1-1024, training
+#
+# The machine's image has torch, torchvision, numpy, pillow, einops, huggingface_hub, safetensors, tqdm, regex, pyyaml
+# and pytest, not open_clip, taming-transformers or ftfy, and its torch (2.11) is older than setup.cfg's
+# torch>=2.14 (which is there to make pip take the index's CUDA build): so namc is put on PYTHONPATH, not installed,
+# with the wheels from `wheels` beside it. The whole test suite passes on torch 2.11.0 (CPU).
+#
+# Settings from the environment: OUT (where figures and logs go: the device's folder that comes back; else
+# ./gpu_out), DEVICE (cuda), DTYPE (bfloat16), WHEEL_DIR (.whl); for bench, BATCH_SIZES ("1 8 64 256 1024"),
+# TRAIN_BATCH_SIZE (64; 0 skips training), NAME (gpu: NAME.json and NAME.log) and BENCH_SECONDS (570, under the
+# device's 10 minutes a command; split the batch sizes over two calls if it runs out). A dry run on a CPU with torch
+# installed, after `wheels`: DEVICE=cpu DTYPE=float32 bash tools/gpu_session.sh check
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-bfloat16}
+WHEEL_DIR=${WHEEL_DIR:-.whl}
+WHEELS=(open_clip_torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.4 taming-transformers-rom1504==0.0.6)
+
+setup() {
+    if ! compgen -G "$WHEEL_DIR/*.whl" >/dev/null; then
+        echo "gpu_session.sh: no wheels in $WHEEL_DIR: run 'bash tools/gpu_session.sh wheels' where pip works and carry" \
+            "$WHEEL_DIR to the GPU machine" >&2
+        exit 2
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/namc_site \
+        "$WHEEL_DIR"/*.whl
+    export PYTHONPATH="/tmp/namc_site:$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+    mkdir -p "$OUT"
+    python3 -c "import torch, open_clip, timm, taming, namc; print('torch', torch.__version__, 'CUDA', torch.version.cuda,
+        torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU', 'namc', namc.__version__)"
+}
+
+case "${1:-}" in
+wheels)
+    # pure-Python wheels, and wcwidth's abi3 build for the machine's Python 3.12 on x86-64
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$WHEEL_DIR" "${WHEELS[@]:0:4}"
+    python3 -m pip download --quiet --no-deps -d "$WHEEL_DIR" "${WHEELS[4]}"
+    ls -l "$WHEEL_DIR"
+    ;;
+check)
+    setup
+    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || echo "no nvidia-smi"; } |
+        tee "$OUT/check.log"
+    python3 -m pytest -q -p no:cacheprovider tests/test_static_decode.py tests/test_throughput.py 2>&1 |
+        tee -a "$OUT/check.log"
+    python3 -m namc.eval.throughput --model namc_tiny --device "$DEVICE" --dtype "$DTYPE" \
+        --static-decode --reference clip4idc --batch-sizes 1 64 --modes decode e2e --train-batch-size 16 --train-steps 3 \
+        --output "$OUT/tiny.json" 2>&1 | tee -a "$OUT/check.log"
+    ;;
+bench)
+    setup
+    # shellcheck disable=SC2086  # BATCH_SIZES is a list
+    timeout "${BENCH_SECONDS:-570}" python3 -m namc.eval.throughput --model namc_base --device "$DEVICE" \
+        --dtype "$DTYPE" --static-decode --reference clip4idc --batch-sizes ${BATCH_SIZES:-1 8 64 256 1024} \
+        --modes decode e2e --train-batch-size "${TRAIN_BATCH_SIZE:-64}" --output "$OUT/${NAME:-gpu}.json" 2>&1 |
+        tee "$OUT/${NAME:-gpu}.log"
+    ;;
+*)
+    awk 'NR > 1 && /^set /{exit} NR > 1' "$0" >&2
+    exit 2
+    ;;
+esac
