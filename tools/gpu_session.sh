@@ -48,7 +48,7 @@ wheels)
     ;;
 check)
     setup
-    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || echo "no nvidia-smi"; } |
+    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"; } |
         tee "$OUT/check.log"
     python3 -m pytest -q -p no:cacheprovider tests/test_static_decode.py tests/test_throughput.py 2>&1 |
         tee -a "$OUT/check.log"
