@@ -25,16 +25,17 @@ WHEELS=(open_clip_torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.4 taming-tr
 
 setup() {
     if ! compgen -G "$WHEEL_DIR/*.whl" >/dev/null; then
-        echo "gpu_session.sh: no wheels in $WHEEL_DIR: run 'bash tools/gpu_session.sh wheels' where pip works and carry" \
-            "$WHEEL_DIR to the GPU machine" >&2
+        echo "gpu_session.sh: no wheels in $WHEEL_DIR: run 'bash tools/gpu_session.sh wheels'" \
+            "where pip works and carry $WHEEL_DIR to the GPU machine" >&2
         exit 2
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/namc_site \
         "$WHEEL_DIR"/*.whl
     export PYTHONPATH="/tmp/namc_site:$PWD" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
     mkdir -p "$OUT"
-    python3 -c "import torch, open_clip, timm, taming, namc; print('torch', torch.__version__, 'CUDA', torch.version.cuda,
-        torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU', 'namc', namc.__version__)"
+    python3 -c "import torch, open_clip, timm, taming, namc
+print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'namc', namc.__version__,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
 }
 
 case "${1:-}" in
@@ -50,11 +51,13 @@ check)
     setup
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"; } |
         tee "$OUT/check.log"
+    tests=0
     python3 -m pytest -q -p no:cacheprovider tests/test_static_decode.py tests/test_throughput.py 2>&1 |
-        tee -a "$OUT/check.log"
+        tee -a "$OUT/check.log" || tests=$?
     python3 -m namc.eval.throughput --model namc_tiny --device "$DEVICE" --dtype "$DTYPE" \
-        --static-decode --reference clip4idc --batch-sizes 1 64 --modes decode e2e --train-batch-size 16 --train-steps 3 \
-        --output "$OUT/tiny.json" 2>&1 | tee -a "$OUT/check.log"
+        --static-decode --reference clip4idc --batch-sizes 1 64 --modes decode e2e --train-batch-size 16 \
+        --train-steps 3 --output "$OUT/tiny.json" 2>&1 | tee -a "$OUT/check.log"
+    exit "$tests"  # the benchmark runs even where a test failed; the tests decide the exit status
     ;;
 bench)
     setup
