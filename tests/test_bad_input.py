@@ -161,7 +161,8 @@ def _clevr_change(root: Path) -> Path:
         (
             "splits.json",
             b'{"train": [1], "test": [2,]}',
-            r"splits\.json: invalid JSON at line 1, column 27: Expecting value",
+            # the reason is CPython's own: Python 3.13 names the trailing comma (and counts the column from it)
+            r"splits\.json: invalid JSON at line 1, column 2[67]: (Expecting value|Illegal trailing comma before end)",
         ),
         (
             "change_captions.json",
