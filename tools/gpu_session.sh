@@ -43,8 +43,7 @@ wheels)
     # pure-Python wheels, and wcwidth's abi3 build for the machine's Python 3.12 on x86-64
     python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d "$WHEEL_DIR" "${WHEELS[@]:0:4}"
-    python3 -m pip download --quiet --no-deps -d "$WHEEL_DIR" "${WHEELS[4]}"
+        -d "$WHEEL_DIR" "${WHEELS[@]}"
     ls -l "$WHEEL_DIR"
     ;;
 check)
