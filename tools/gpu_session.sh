@@ -21,6 +21,10 @@ OUT=${OUT:-gpu_out}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
 WHEEL_DIR=${WHEEL_DIR:-.whl}
+BATCH_SIZES=${BATCH_SIZES:-1 8 64 256 1024}
+TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
+NAME=${NAME:-gpu}
+BENCH_SECONDS=${BENCH_SECONDS:-570}
 WHEELS=(open_clip_torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.4 taming-transformers-rom1504==0.0.6)
 
 setup() {
@@ -61,10 +65,10 @@ check)
 bench)
     setup
     # shellcheck disable=SC2086  # BATCH_SIZES is a list
-    timeout "${BENCH_SECONDS:-570}" python3 -m namc.eval.throughput --model namc_base --device "$DEVICE" \
-        --dtype "$DTYPE" --static-decode --reference clip4idc --batch-sizes ${BATCH_SIZES:-1 8 64 256 1024} \
-        --modes decode e2e --train-batch-size "${TRAIN_BATCH_SIZE:-64}" --output "$OUT/${NAME:-gpu}.json" 2>&1 |
-        tee "$OUT/${NAME:-gpu}.log"
+    timeout "$BENCH_SECONDS" python3 -m namc.eval.throughput --model namc_base --device "$DEVICE" \
+        --dtype "$DTYPE" --static-decode --reference clip4idc --batch-sizes $BATCH_SIZES \
+        --modes decode e2e --train-batch-size "$TRAIN_BATCH_SIZE" --output "$OUT/$NAME.json" 2>&1 |
+        tee "$OUT/$NAME.log"
     ;;
 *)
     awk 'NR > 1 && /^set /{exit} NR > 1' "$0" >&2
