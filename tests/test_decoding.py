@@ -7,6 +7,8 @@ so greedy decoding ends each row at a different step (checked in ``test_rows_fin
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -291,11 +293,26 @@ def test_generate_rejects_more_tokens_than_positions():
 
 
 @pytest.mark.slow
-def test_compiled_step_equals_eager(one_thread):
-    """torch.compile of the decoding step (a C++ compiler is needed on CPU; compiling takes tens of seconds)."""
+@pytest.mark.parametrize("freeze", [True, False])
+def test_compiled_step_equals_eager(one_thread, freeze):
+    """torch.compile of the decoding step, its weights frozen into the compiled code or passed as inputs, before and
+    after a weight changes in place (a frozen step is compiled again). A C++ compiler is needed on CPU; each
+    compilation takes 5-15 s."""
     torch.manual_seed(6)
     fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
     memory = torch.randn(3, 9, 32)
     eager = fdg.generate(memory, 6)
-    fdg.compile_step()
-    assert torch.equal(fdg.generate(memory, 6), eager)
+    new_weight = torch.randn(fdg.blocks[0].ffn[3].weight.shape, generator=torch.Generator().manual_seed(1))
+    changed = copy.deepcopy(fdg)
+    with torch.no_grad():
+        changed.blocks[0].ffn[3].weight.copy_(new_weight)
+    eager_changed = changed.generate(memory, 6)
+    assert not torch.equal(eager_changed, eager)
+    fdg.compile_step(freeze=freeze)
+    try:
+        assert torch.equal(fdg.generate(memory, 6), eager)
+        with torch.no_grad():
+            fdg.blocks[0].ffn[3].weight.copy_(new_weight)
+        assert torch.equal(fdg.generate(memory, 6), eager_changed)
+    finally:
+        fdg.uncompile_step()

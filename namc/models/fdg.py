@@ -28,6 +28,7 @@ from torch import nn
 
 from namc import ops
 from namc.models import onednn
+from namc.models.compiled_step import CompiledStep
 from namc.models.layers import Block, KVCache, attend_one
 from namc.models.qlinear import int8_linear
 
@@ -253,20 +254,19 @@ class FDG(nn.Module):
                 self._cross_kv_dtype = torch.bfloat16
         self._packed_step = packed
 
-    def compile_step(self, **options) -> None:
-        """Compile the eval-mode decoding step with ``torch.compile(**options)`` (``dynamic=True`` by default).
-
-        The first generations after this call are slow (compilation); later ones reuse the compiled code.
-        """
-        options.setdefault("dynamic", True)
-        self._compiled_step = torch.compile(self._fused_step, **options)
+    def compile_step(self, freeze: bool = True, **options) -> None:
+        """``torch.compile(**options)`` of the eval-mode greedy step (``dynamic=True`` by default); ``freeze``: the
+        step's weights as constants of the compiled code, compiled again after they change (speed-ups in
+        :mod:`namc.models.compiled_step`). Generations that compile (the first ones, after a change) are slow."""
+        self._compiled_step = CompiledStep(self, freeze, options)
 
     def uncompile_step(self) -> None:
         """Undo :meth:`compile_step`: the eval step runs eagerly again."""
         self.__dict__.pop("_compiled_step", None)
 
     def _step_fn(self) -> Callable[..., torch.Tensor]:
-        return getattr(self, "_compiled_step", None) or self._fused_step
+        compiled = self.__dict__.get("_compiled_step")
+        return self._fused_step if compiled is None else compiled.for_generation()
 
     @torch.inference_mode()
     def generate(
