@@ -2,21 +2,23 @@
 
 By default the step's weights are *frozen* into the compiled code: they are buffers of a small module
 (:class:`FrozenStep`) compiled under inductor's ``freezing``, which treats a compiled module's parameters and buffers
-as constants. On a CPU inductor then lays every matrix out once for oneDNN and fuses each bias and residual addition
-into its product; without freezing the weights are inputs of the graph and every product is a plain BLAS call.
-namc_base's decoding step, 23 tokens, two AMD EPYC threads, one process alternating eager and compiled (same ids):
+as constants. On a CPU inductor then lays every matrix out once for oneDNN and fuses each residual addition into its
+product; with the weights as inputs of the graph every product is a plain BLAS call, slower than eager decoding's
+oneDNN kernel from 8 rows up. namc_base's decoding, compiled against eager (23 tokens, two AMD EPYC threads, one
+process alternating the three, two runs; the same ids throughout; docs/throughput.md, session 24):
 
-============  =================  =================
-precision     frozen, batch 1    frozen, batch 32
-============  =================  =================
-fp32          1.49x              1.22x
-bf16          1.02x              1.08x
-int8          0.80x              0.81x
-============  =================  =================
+==================  ===========  ===========  ===========  ===========  ===========  ===========
+compiled step       fp32, b 1    fp32, b 32   bf16, b 1    bf16, b 32   int8, b 1    int8, b 32
+==================  ===========  ===========  ===========  ===========  ===========  ===========
+weights frozen      1.38-1.52x   1.14-1.15x   0.97-1.02x   1.02-1.05x   0.72-0.79x   0.83-0.84x
+weights as inputs   1.01x        0.68-0.69x   1.00x        0.86-0.87x   0.85-0.91x   0.85x
+==================  ===========  ===========  ===========  ===========  ===========  ===========
 
-(docs/throughput.md, session 24, has the figures with the weights passed as inputs.) Frozen weights are copies laid
-out at compile time, so :class:`CompiledStep` fingerprints FDG's parameters before every generation and compiles
-again when one of them was replaced or changed in place (an optimiser step, ``load_state_dict``, ``.to()``).
+Compiling is worth it in fp32 only; int8's packed dynamic layers are left as they are either way, and eager int8
+stays the fastest decoding. Frozen weights are copies laid out at compile time (compiling namc_base's fp32 step grew
+the process by about 500 MB), so :class:`CompiledStep` fingerprints FDG's parameters before every generation and
+compiles again when one of them was replaced or changed in place (an optimiser step, ``load_state_dict``, ``.to()``)
+or :meth:`~namc.models.fdg.FDG.pack_step` ran again.
 """
 
 from __future__ import annotations

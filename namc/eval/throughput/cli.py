@@ -80,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--reference-repeats", type=int, default=d.reference_repeats)
     p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the decoding step")
+    p.add_argument(
+        "--compile", action="store_true",
+        help="torch.compile the decoding step, its weights frozen into the compiled code (FDG.compile_step)",
+    )  # fmt: skip
     p.add_argument(
         "--static-decode", action="store_true",
         help="decode in fixed-shape steps over a static KV cache (namc.models.static_decode), on CUDA one CUDA "
