@@ -47,13 +47,11 @@ class FrozenStep(nn.Module):
 
     def __init__(self, fdg: nn.Module) -> None:
         super().__init__()
-        from namc.models.fdg import _StepWeights
-
         self.fdg = fdg
         weights = fdg.step_weights()
+        self._layout = type(weights[0])  # fdg._StepWeights
         if onednn.is_packed(weights[0].vocab[0]):
-            weights = [_StepWeights.of(block, fdg._vocab()) for block in fdg.blocks]
-        self._layout = type(weights[0])
+            weights = [self._layout.of(block, fdg._vocab()) for block in fdg.blocks]
         self._modules_at: set[str] = set()  # names held as modules (packed int8 layers), not (weight, bias) buffers
         for i, w in enumerate(weights):
             for name in self._layout.NAMES:
