@@ -3,10 +3,8 @@ when it is compiled again. Compiled generations are checked in test_decoding.py 
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from namc.models import onednn
 from namc.models.compiled_step import CompiledStep, FrozenStep
 from namc.models.fdg import FDG, FDGConfig, _StepWeights
 
@@ -19,7 +17,7 @@ def _fdg() -> FDG:
 @torch.inference_mode()
 def test_frozen_step_runs_the_eager_step_on_the_same_weights():
     fdg = _fdg()
-    frozen = FrozenStep(fdg)
+    frozen = FrozenStep(fdg, fdg.step_weights())
     assert set(frozen.state_dict()) == {f"fdg.{k}" for k in fdg.state_dict()}  # its own buffers are not saved
     for mine, live in zip(frozen.step_weights(), fdg.step_weights()):
         for name in _StepWeights.NAMES:
@@ -38,49 +36,40 @@ def test_frozen_step_runs_the_eager_step_on_the_same_weights():
 def test_frozen_step_holds_an_int8_copys_packed_layers():
     fdg = _fdg()
     fdg.pack_step("int8")
-    frozen = FrozenStep(fdg)
+    frozen = FrozenStep(fdg, fdg.step_weights())
     for mine, packed in zip(frozen.step_weights(), fdg._packed_step):
         for name in _StepWeights.NAMES:
             assert getattr(mine, name)[0] is getattr(packed, name)[0]
-
-
-@pytest.mark.skipif(not onednn.linear_available(), reason="this torch build has no oneDNN linear kernel")
-def test_frozen_step_takes_plain_weights_for_prepacked_bf16_ones():
-    fdg = _fdg().to(torch.bfloat16)
-    fdg.pack_step("bf16")
-    assert fdg.step_weights()[0].vocab[0].is_mkldnn
-    for w in FrozenStep(fdg).step_weights():
-        assert all(not getattr(w, n)[0].is_mkldnn and getattr(w, n)[0].dtype == torch.bfloat16 for n in w.NAMES)
 
 
 def test_frozen_step_is_compiled_again_only_after_its_weights_change():
     """``torch.compile`` compiles at the first call, so building the compiled module costs nothing here."""
     fdg = _fdg()
     step = CompiledStep(fdg)
-    step.for_generation()
+    step.for_generation(fdg.step_weights())
     first = step._compiled
-    step.for_generation()
+    step.for_generation(fdg.step_weights())
     assert step._compiled is first  # unchanged weights: the same compiled code
     with torch.no_grad():
         fdg.blocks[1].ffn[0].bias.add_(1.0)  # in place: an optimiser step, load_state_dict
-    step.for_generation()
+    step.for_generation(fdg.step_weights())
     second = step._compiled
     assert second is not first
     fdg.ln_f.weight = torch.nn.Parameter(fdg.ln_f.weight.detach().clone())  # replaced
-    step.for_generation()
+    step.for_generation(fdg.step_weights())
     assert step._compiled is not second
     third = step._compiled
     fdg.pack_step("int8")  # new packed weights, the parameters untouched
-    step.for_generation()
+    step.for_generation(fdg.step_weights())
     assert step._compiled is not third
 
 
 def test_unfrozen_step_is_compiled_once():
     fdg = _fdg()
     step = CompiledStep(fdg, freeze=False)
-    fn = step.for_generation()
+    fn = step.for_generation(fdg.step_weights())
     with torch.no_grad():
         fdg.ln_f.weight.add_(1.0)  # the weights are the graph's inputs: nothing to compile again
-    assert step.for_generation() is fn
+    assert step.for_generation(fdg.step_weights()) is fn
     assert step.options == {"dynamic": True}
     assert CompiledStep(fdg, options={"dynamic": False, "mode": "max-autotune"}).options["dynamic"] is False

@@ -30,28 +30,24 @@ import torch
 import torch._inductor.config as inductor_config
 from torch import nn
 
-from namc.models import onednn
 from namc.models.precision import _fingerprint
 
 __all__ = ["CompiledStep", "FrozenStep"]
 
 
 class FrozenStep(nn.Module):
-    """FDG's eval step with its matrices held as this module's buffers (an int8 copy's packed layers as
-    submodules), so that a compiled copy sees them as constants; FDG is a submodule for its embeddings, positions
-    and LayerNorms. Built from :meth:`FDG.step_weights` (oneDNN's prepacked bf16 matrices replaced by the plain bf16
-    ones: a compiled graph cannot take oneDNN's opaque tensors).
+    """FDG's eval step with its matrices (``weights``: per layer, as :meth:`FDG._start
+    <namc.models.fdg.FDG._start>` gives them to a compiled step) held as this module's buffers, an int8 copy's packed
+    layers as submodules, so that a compiled copy sees them as constants; FDG is a submodule for its embeddings,
+    positions and LayerNorms.
 
     Call it as FDG's step without the weights: ``(tokens, position, caches, cross_kv, memory_mask) -> logits``.
     """
 
-    def __init__(self, fdg: nn.Module) -> None:
+    def __init__(self, fdg: nn.Module, weights: list) -> None:
         super().__init__()
         self.fdg = fdg
-        weights = fdg.step_weights()
         self._layout = type(weights[0])  # fdg._StepWeights
-        if onednn.is_packed(weights[0].vocab[0]):
-            weights = [self._layout.of(block, fdg._vocab()) for block in fdg.blocks]
         self._modules_at: set[str] = set()  # names held as modules (packed int8 layers), not (weight, bias) buffers
         for i, w in enumerate(weights):
             for name in self._layout.NAMES:
@@ -100,17 +96,18 @@ class CompiledStep:
         self._compiled: Callable[..., torch.Tensor] | None = None
         self._key: tuple | None = None
 
-    def for_generation(self) -> Callable[..., torch.Tensor]:
+    def for_generation(self, fused: list) -> Callable[..., torch.Tensor]:
         """The step for the next generation, with FDG's step signature ``(tokens, position, caches, cross_kv,
-        memory_mask, fused) -> logits`` (a frozen step ignores ``fused``); compiled again when frozen weights went
-        stale. Compilation itself happens at the first call (tens of seconds on a CPU)."""
+        memory_mask, fused) -> logits``; ``fused``: the generation's step weights, which a frozen step holds (and
+        then ignores in its calls), compiled again when they went stale. Compilation itself happens at the first
+        call (5-15 s on a CPU)."""
         if not self.freeze:
             if self._compiled is None:
                 self._compiled = torch.compile(self.fdg._fused_step, **self.options)
             return self._compiled
         key = _fingerprint(self.fdg) + (id(getattr(self.fdg, "_packed_step", None)),)  # pack_step replaces them
         if key != self._key:
-            self._compiled = torch.compile(FrozenStep(self.fdg), **self.options)
+            self._compiled = torch.compile(FrozenStep(self.fdg, fused), **self.options)
             self._key = key
         return self._frozen
 

@@ -264,9 +264,9 @@ class FDG(nn.Module):
         """Undo :meth:`compile_step`: the eval step runs eagerly again."""
         self.__dict__.pop("_compiled_step", None)
 
-    def _step_fn(self) -> Callable[..., torch.Tensor]:
+    def _step_fn(self, fused: list[_StepWeights]) -> Callable[..., torch.Tensor]:
         compiled = self.__dict__.get("_compiled_step")
-        return self._fused_step if compiled is None else compiled.for_generation()
+        return self._fused_step if compiled is None else compiled.for_generation(fused)
 
     @torch.inference_mode()
     def generate(
@@ -293,7 +293,7 @@ class FDG(nn.Module):
             return self._beam_search(memory, max_new_tokens, num_beams, memory_mask, length_penalty)
         B = memory.shape[0]
         caches, cross_kv, fused = self._start(memory, max_new_tokens)
-        step = self._step_fn() if fused is not None else None
+        step = self._step_fn(fused) if fused is not None else None
         out = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=memory.device)
         rows = torch.arange(B, device=memory.device)  # original row of each row still in the batch
         finished = torch.zeros(B, dtype=torch.bool, device=memory.device)  # rows in the batch that produced [EOS]
