@@ -48,30 +48,24 @@ class FrozenStep(nn.Module):
         super().__init__()
         self.fdg = fdg
         self._layout = type(weights[0])  # fdg._StepWeights
-        self._modules_at: set[str] = set()  # names held as modules (packed int8 layers), not (weight, bias) buffers
         for i, w in enumerate(weights):
             for name in self._layout.NAMES:
                 entry, key = getattr(w, name), f"{name}_{i}"
-                if isinstance(entry[0], nn.Module):
+                if isinstance(entry[0], nn.Module):  # a packed int8 layer
                     self.add_module(key, entry[0])
-                    self._modules_at.add(key)
                 else:
                     self.register_buffer(key, entry[0].detach(), persistent=False)
                     bias = None if entry[1] is None else entry[1].detach()
                     self.register_buffer(f"{key}_bias", bias, persistent=False)
-        self._layers = len(weights)
 
     def step_weights(self) -> list:
         """The weights in FDG's per-layer layout, read from this module's buffers and submodules."""
         out = []
-        for i in range(self._layers):
+        for i in range(len(self.fdg.blocks)):
             entries = {}
             for name in self._layout.NAMES:
-                key = f"{name}_{i}"
-                if key in self._modules_at:
-                    entries[name] = (getattr(self, key),)
-                else:
-                    entries[name] = (getattr(self, key), getattr(self, f"{key}_bias"))
+                value = getattr(self, f"{name}_{i}")
+                entries[name] = (value,) if isinstance(value, nn.Module) else (value, getattr(self, f"{name}_{i}_bias"))
             out.append(self._layout(**entries))
         return out
 
