@@ -14,11 +14,12 @@ weights frozen      1.38-1.52x   1.14-1.15x   0.97-1.02x   1.02-1.05x   0.72-0.7
 weights as inputs   1.01x        0.68-0.69x   1.00x        0.86-0.87x   0.85-0.91x   0.85x
 ==================  ===========  ===========  ===========  ===========  ===========  ===========
 
-Compiling is worth it in fp32 only; int8's packed dynamic layers are left as they are either way, and eager int8
-stays the fastest decoding. Frozen weights are copies laid out at compile time (namc_base's fp32 step at batch 1
-raised the process's peak memory by about 500 MB), so :class:`CompiledStep` fingerprints FDG's parameters before
-every generation and compiles again when one of them was replaced or changed in place (an optimiser step,
-``load_state_dict``, ``.to()``) or :meth:`~namc.models.fdg.FDG.pack_step` ran again.
+Compiling is worth it in fp32 only. The compiler cannot trace int8's packed dynamic layers, so each one breaks the
+graph (made opaque ops instead, the whole graph decoded only 1.00-1.04x faster than eager; docs/throughput.md,
+session 25), and eager int8 stays the fastest decoding. Frozen weights are copies laid out at compile time
+(namc_base's fp32 step at batch 1 raised the process's peak memory by about 500 MB), so :class:`CompiledStep`
+fingerprints FDG's parameters before every generation and compiles again when one of them was replaced or changed in
+place (an optimiser step, ``load_state_dict``, ``.to()``) or :meth:`~namc.models.fdg.FDG.pack_step` ran again.
 """
 
 from __future__ import annotations
