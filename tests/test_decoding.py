@@ -188,17 +188,24 @@ def test_dense_matches_linear():
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_in_place_at_inference_only(approximate):
-    """The blocks' GELU overwrites its input where autograd is off (PyTorch's values to the bit) and leaves it, with
-    PyTorch's gradient, where autograd is on."""
+    """The blocks' GELU overwrites its input where autograd is off and leaves it, with PyTorch's gradient, where
+    autograd is on. In place it gives PyTorch's values to the bit: for a small tensor those of ATen's own kernel
+    (PyTorch's with oneDNN off, which differ from oneDNN's in the last bit), for a large one PyTorch's default."""
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(4, 7, 96, generator=g) * 3
     act, ref = GELU(approximate), torch.nn.GELU(approximate)
+    large = torch.randn(2, 100, 96, generator=g) * 3  # over GELU.SERIAL_NUMEL elements
+    for x in (torch.randn(4, 7, 96, generator=g) * 3, large, large.bfloat16()):
+        want = ref(x)
+        if x.numel() <= act.SERIAL_NUMEL:
+            with torch.backends.mkldnn.flags(enabled=False):
+                want = ref(x)
+        for mode in (torch.no_grad, torch.inference_mode):
+            y = x.clone()
+            with mode():
+                out = act(y)
+            assert out.data_ptr() == y.data_ptr() and torch.equal(out, want) and torch.equal(y, want)
+    x = torch.randn(4, 7, 96, generator=g) * 3
     want = ref(x)
-    for mode in (torch.no_grad, torch.inference_mode):
-        y = x.clone()
-        with mode():
-            out = act(y)
-        assert out.data_ptr() == y.data_ptr() and torch.equal(out, want) and torch.equal(y, want)
     leaf = x.clone().requires_grad_()
     out = act(leaf)
     assert torch.equal(leaf.detach(), x) and torch.equal(out.detach(), want)
@@ -233,7 +240,7 @@ def test_residual_in_place_at_inference_only():
     y, ctx = torch.randn(2, 4, 8, generator=g), torch.randn(2, 6, 8, generator=g)
     with torch.inference_mode():
         fast = block(y, ctx)
-    with torch.enable_grad():
+    with torch.enable_grad(), torch.backends.mkldnn.flags(enabled=False):  # GELU: ATen's kernel, as at inference
         assert torch.equal(block(y, ctx), fast)  # the out-of-place path, the same values to the bit
 
 

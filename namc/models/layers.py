@@ -141,7 +141,7 @@ class Attention(nn.Module):
 
 
 class GELU(nn.GELU):
-    """``nn.GELU`` that overwrites its input where autograd is off (inference), the same values to the bit.
+    """``nn.GELU`` that overwrites its input where autograd is off (inference), with PyTorch's values.
 
     In a block's feed-forward the GELU's input is the first layer's fresh output, which nothing else reads. In place
     it saves an activation-sized allocation, which above glibc's mmap threshold (at most 32 MiB) comes as fresh
@@ -149,11 +149,27 @@ class GELU(nn.GELU):
     the int8 copy at batch 32, two AMD EPYC threads, one process alternating the two, 6 calls each, three runs:
     1659 -> 1619, 1742 -> 1641, 1680 -> 1617 ms (1.02-1.06x); bf16 1778 -> 1745 ms. Training keeps PyTorch's GELU,
     whose backward reads the input.
+
+    Up to ``SERIAL_NUMEL`` elements on a CPU (a decoding step of up to 5 rows in namc_base), the exact GELU runs
+    ATen's own kernel on a non-contiguous view of the same memory: PyTorch hands the exact GELU of a contiguous fp32
+    or bf16 CPU tensor to oneDNN, which opens a parallel region at any size, and under ``OMP_WAIT_POLICY=PASSIVE``
+    waking the sleeping thread costs 60-70 us a call on 3072 elements against 3-7 us for ATen's kernel, which stays
+    on one thread up to that size (two AMD EPYC threads; from about 64K elements oneDNN is the faster). namc_base's
+    decoding at batch 1, one process alternating the two, 20 generations each, the same ids: int8 1.04-1.07x (four
+    runs), bf16 1.01-1.03x, fp32 0.99-1.01x (two each). The two kernels can differ in the last bit; ATen's values
+    are those of ``torch.backends.mkldnn.flags(enabled=False)``.
     """
+
+    SERIAL_NUMEL = 16384  # ATen's exact GELU stays on one thread up to this many elements
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return super().forward(x)
+        n = x.numel()
+        small = 1 < n <= self.SERIAL_NUMEL and n % 2 == 0 and x.is_contiguous()
+        if small and self.approximate == "none" and x.device.type == "cpu":
+            torch.ops.aten.gelu_(x.view(2, -1).t())  # not contiguous: ATen's kernel, not oneDNN's
+            return x
         return torch.ops.aten.gelu_(x, approximate=self.approximate)
 
 
