@@ -150,7 +150,7 @@ class GELU(nn.GELU):
     1659 -> 1619, 1742 -> 1641, 1680 -> 1617 ms (1.02-1.06x); bf16 1778 -> 1745 ms. Training keeps PyTorch's GELU,
     whose backward reads the input.
 
-    Up to ``SERIAL_NUMEL`` elements on a CPU (a decoding step of up to 5 rows in namc_base), the exact GELU runs
+    Up to ``SERIAL_NUMEL`` elements on a CPU (a decoding step of up to 5 rows in namc_base), the GELU runs
     ATen's own kernel on a non-contiguous view of the same memory: PyTorch hands the exact GELU of a contiguous fp32
     or bf16 CPU tensor to oneDNN, which opens a parallel region at any size, and under ``OMP_WAIT_POLICY=PASSIVE``
     waking the sleeping thread costs 60-70 us a call on 3072 elements against 3-7 us for ATen's kernel, which stays
@@ -165,10 +165,8 @@ class GELU(nn.GELU):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return super().forward(x)
-        n = x.numel()
-        small = 1 < n <= self.SERIAL_NUMEL and n % 2 == 0 and x.is_contiguous()
-        if small and self.approximate == "none" and x.device.type == "cpu":
-            torch.ops.aten.gelu_(x.view(2, -1).t())  # not contiguous: ATen's kernel, not oneDNN's
+        if x.is_cpu and x.is_contiguous() and 1 < x.numel() <= self.SERIAL_NUMEL and x.numel() % 2 == 0:
+            torch.ops.aten.gelu_(x.view(2, -1).t(), approximate=self.approximate)  # not contiguous: ATen's kernel
             return x
         return torch.ops.aten.gelu_(x, approximate=self.approximate)
 
