@@ -155,7 +155,7 @@ class GELU(nn.GELU):
     or bf16 CPU tensor to oneDNN, which opens a parallel region at any size, and under ``OMP_WAIT_POLICY=PASSIVE``
     waking the sleeping thread costs 60-70 us a call on 3072 elements against 3-7 us for ATen's kernel, which stays
     on one thread up to that size (two AMD EPYC threads; from about 64K elements oneDNN is the faster). namc_base's
-    decoding at batch 1, one process alternating the two, 20 generations each, the same ids: int8 1.04-1.07x (four
+    decoding at batch 1, one process alternating the two, 20 generations each, the same ids: int8 1.04-1.07x (five
     runs), bf16 1.01-1.03x, fp32 0.99-1.01x (two each). The two kernels can differ in the last bit; ATen's values
     are those of ``torch.backends.mkldnn.flags(enabled=False)``.
     """
