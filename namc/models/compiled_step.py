@@ -100,7 +100,8 @@ class CompiledStep:
             if self._compiled is None:
                 self._compiled = torch.compile(self.fdg._fused_step, **self.options)
             return self._compiled
-        key = _fingerprint(self.fdg) + (id(getattr(self.fdg, "_packed_step", None)),)  # pack_step replaces them
+        # pack_step replaces the matrices; a shortlist (namc.models.shortlist) replaces the vocabulary's
+        key = _fingerprint(self.fdg) + (id(getattr(self.fdg, "_packed_step", None)), id(fused[-1].vocab[0]))
         if key != self._key:
             self._compiled = torch.compile(FrozenStep(self.fdg, fused), **self.options)
             self._key = key

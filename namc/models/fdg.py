@@ -19,8 +19,8 @@ copies of the caches that each drop makes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +30,12 @@ from namc import ops
 from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
 from namc.models.layers import Block, KVCache, attend_one
+from namc.models.layers import StepWeights as _StepWeights
 from namc.models.qlinear import int8_linear
+from namc.models.shortlist import Shortlist
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class FDGConfig:
     """The shape of an FDG decoder.
 
@@ -118,8 +120,10 @@ class FDG(nn.Module):
         cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
         memory_mask: torch.Tensor | None,
         fused: list[_StepWeights] | None = None,
+        shortlist: Shortlist | None = None,
     ) -> torch.Tensor:
-        """One incremental step: (B, 1) new tokens at ``position`` -> (B, V) logits of the next token."""
+        """One incremental step: (B, 1) new tokens at ``position`` -> (B, V) logits of the next token; (B, S) over a
+        ``shortlist`` (the fused path: ``fused`` projects onto its rows already)."""
         if fused is not None:
             return self._fused_step(tokens[:, 0], position, caches, cross_kv, memory_mask, fused)
         x = self.tok(tokens) + self.pos[position : position + 1]  # (B, 1, D)
@@ -127,7 +131,8 @@ class FDG(nn.Module):
             x = block.self_attend(x, cache=cache)
             x = block.cross_attend(x, key_mask=memory_mask, kv=kv)
             x = block.feed_forward(x)
-        return self.logits(x[:, -1])  # (B, V)
+        logits = self.logits(x[:, -1])  # (B, V)
+        return logits if shortlist is None else logits.index_select(1, shortlist.index(logits.device))
 
     def _fused_step(
         self,
@@ -171,9 +176,10 @@ class FDG(nn.Module):
         return onednn.dense(self.ln_f(x), *fused[-1].vocab)  # (b, V)
 
     def _start(
-        self, memory: torch.Tensor, max_new_tokens: int
+        self, memory: torch.Tensor, max_new_tokens: int, shortlist: Shortlist | None = None
     ) -> tuple[list[KVCache], list[tuple[torch.Tensor, torch.Tensor]], list[_StepWeights] | None]:
-        """Caches, cross-attention keys/values (each 2 x (B, H, N, E), contiguous) and fused step weights."""
+        """Caches, cross-attention keys/values (each 2 x (B, H, N, E), contiguous) and fused step weights (the
+        vocabulary projection onto ``shortlist``'s rows only where one is given)."""
         if max_new_tokens + 1 > self.max_len:
             raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
         B, _, D = memory.shape
@@ -185,7 +191,19 @@ class FDG(nn.Module):
         if fused is not None and "_compiled_step" in self.__dict__ and onednn.is_packed(fused[0].vocab[0]):
             # a compiled graph cannot take oneDNN's opaque tensors: compile over the plain weights
             fused = [_StepWeights.of(block, self._vocab()) for block in self.blocks]
+        if fused is not None and shortlist is not None:
+            fused = self.shortlisted(fused, shortlist)
         return caches, self.cross_kv(memory), fused
+
+    def shortlisted(self, fused: list[_StepWeights], shortlist: Shortlist) -> list[_StepWeights]:
+        """``fused`` with the vocabulary projection onto ``shortlist``'s rows (:mod:`namc.models.shortlist`)."""
+        head = shortlist.head(fused[-1].vocab, self._vocab()[0])
+        return [dataclasses.replace(w, vocab=head) for w in fused]
+
+    def _shortlist(self, vocabulary: Shortlist | Iterable[int] | None) -> Shortlist | None:
+        if vocabulary is None or isinstance(vocabulary, Shortlist):
+            return vocabulary
+        return Shortlist(vocabulary, self.tok.weight.shape[0], self.eos_id)
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's cross-attention keys and values of (B, N, D) ``memory``, 2 x (B, H, N, E), contiguous: once
@@ -276,6 +294,7 @@ class FDG(nn.Module):
         num_beams: int = 1,
         memory_mask: torch.Tensor | None = None,
         length_penalty: float = 1.0,
+        vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> torch.Tensor:
         """Generate token ids for every memory row.
 
@@ -285,14 +304,17 @@ class FDG(nn.Module):
             num_beams: 1 for greedy; more for beam search.
             memory_mask: (B, N) bool, True where memory may be attended.
             length_penalty: beam hypotheses are ranked by ``sum log p / length ** length_penalty``.
+            vocabulary: the only tokens to generate, [EOS] always among them (:mod:`namc.models.shortlist`; build
+                a :class:`~namc.models.shortlist.Shortlist` once to reuse its prepared matrices); None: all.
 
         Returns:
             (B, T) generated ids without [BOS], ending with [EOS] where one was produced, padded with ``pad_id``.
         """
+        shortlist = self._shortlist(vocabulary)
         if num_beams > 1:
-            return self._beam_search(memory, max_new_tokens, num_beams, memory_mask, length_penalty)
+            return self._beam_search(memory, max_new_tokens, num_beams, memory_mask, length_penalty, shortlist)
         B = memory.shape[0]
-        caches, cross_kv, fused = self._start(memory, max_new_tokens)
+        caches, cross_kv, fused = self._start(memory, max_new_tokens, shortlist)
         step = self._step_fn(fused) if fused is not None else None
         out = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=memory.device)
         rows = torch.arange(B, device=memory.device)  # original row of each row still in the batch
@@ -302,9 +324,10 @@ class FDG(nn.Module):
             if step is not None:
                 logits = step(tokens[:, 0], t, caches, cross_kv, memory_mask, fused)  # (b, V)
             else:
-                logits = self._step(tokens, t, caches, cross_kv, memory_mask)  # (b, V)
+                logits = self._step(tokens, t, caches, cross_kv, memory_mask, shortlist=shortlist)  # (b, V)
             # max(...).indices is argmax with the same first-index tie rule, 4-8x faster on (32, 49409) logits
-            nxt = logits.max(dim=-1).indices.masked_fill(finished, self.pad_id)  # (b,)
+            nxt = logits.max(dim=-1).indices
+            nxt = (nxt if shortlist is None else shortlist.to_vocabulary(nxt)).masked_fill(finished, self.pad_id)
             out[rows, t] = nxt
             finished |= nxt == self.eos_id
             n_done = int(finished.sum())  # the step's one host synchronisation
@@ -331,13 +354,14 @@ class FDG(nn.Module):
         num_beams: int,
         memory_mask: torch.Tensor | None,
         length_penalty: float,
+        shortlist: Shortlist | None = None,
     ) -> torch.Tensor:
         B, K = memory.shape[0], num_beams
         device = memory.device
         memory = memory.repeat_interleave(K, dim=0)  # (B*K, N, D)
         if memory_mask is not None:
             memory_mask = memory_mask.repeat_interleave(K, dim=0)
-        caches, cross_kv, fused = self._start(memory, max_new_tokens)
+        caches, cross_kv, fused = self._start(memory, max_new_tokens, shortlist)
         seqs = torch.full((B * K, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         scores = torch.zeros(B, K, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: keep only one alive at first
@@ -345,19 +369,21 @@ class FDG(nn.Module):
         lengths = torch.zeros(B * K, device=device)
         tokens = torch.full((B * K, 1), self.bos_id, dtype=torch.long, device=device)
         for t in range(max_new_tokens):
-            logits = self._step(tokens, t, caches, cross_kv, memory_mask, fused)  # (BK, V)
-            logp = F.log_softmax(logits.float(), dim=-1)  # (BK, V)
+            logits = self._step(tokens, t, caches, cross_kv, memory_mask, fused, shortlist)  # (BK, V or S)
+            logp = F.log_softmax(logits.float(), dim=-1)  # (BK, V or S)
             V = logp.shape[-1]
-            # a finished beam can only extend itself by padding, at no cost
+            # a finished beam can only extend itself by padding (column 0, made padding below), at no cost
             logp[finished] = float("-inf")
-            logp[finished, self.pad_id] = 0.0
+            logp[finished, 0] = 0.0
             total = (scores.view(-1, 1) + logp).view(B, K * V)  # (B, K*V)
             top, idx = total.topk(K, dim=1)  # (B, K)
             origin = (idx // V + torch.arange(B, device=device)[:, None] * K).view(-1)  # (B*K,) parent rows
             nxt = (idx % V).view(-1)
+            nxt = nxt if shortlist is None else shortlist.to_vocabulary(nxt)
+            was_finished = finished[origin]
+            nxt = nxt.masked_fill(was_finished, self.pad_id)
             seqs = seqs[origin]
             seqs[:, t] = nxt
-            was_finished = finished[origin]
             lengths = lengths[origin] + (~was_finished).float()
             finished = was_finished | (nxt == self.eos_id)
             scores = top
@@ -370,31 +396,3 @@ class FDG(nn.Module):
         best = normed.view(B, K).argmax(dim=1) + torch.arange(B, device=device) * K  # (B,)
         out = seqs[best]
         return out[:, : ops.used_length(out, self.pad_id)]
-
-
-@dataclass
-class _StepWeights:
-    """The matrices of one block's eval step, each ``(weight, bias)`` or ``(packed int8 layer,)``
-    (:func:`~namc.models.onednn.dense`).
-
-    The self-attention query/key/value weights are stacked for one (3D x D) projection, rows ``[q; k; v]``
-    (:meth:`~namc.models.layers.Attention.split_kv`'s key-then-value layout). Built once per generation from the
-    live parameters, so it never goes stale after training; :meth:`FDG.pack_step` keeps an int8 or prepacked bf16 copy
-    instead.
-    """
-
-    NAMES = ("qkv", "self_out", "cross_q", "cross_out", "ffn_in", "ffn_out", "vocab")
-    qkv: tuple  # (3D, D), (3D,)
-    self_out: tuple
-    cross_q: tuple
-    cross_out: tuple
-    ffn_in: tuple
-    ffn_out: tuple
-    vocab: tuple  # (V, D), None: the tied embedding or lm_head
-
-    @classmethod
-    def of(cls, block: nn.Module, vocab: tuple) -> _StepWeights:
-        s, c, (f_in, _, _, f_out) = block.self_attn, block.cross_attn, block.ffn
-        qkv = (torch.cat([s.q.weight, s.kv.weight]), torch.cat([s.q.bias, s.kv.bias]))
-        pairs = [(m.weight, m.bias) for m in (s.out, c.q, c.out, f_in, f_out)]
-        return cls(qkv, *pairs, vocab)

@@ -10,6 +10,8 @@ streams between self- and cross-attention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -255,3 +257,31 @@ def ensure_attendable(key_mask: torch.Tensor | None) -> torch.Tensor | None:
         return None
     empty = ~key_mask.any(dim=1, keepdim=True)  # (B, 1)
     return key_mask | empty
+
+
+@dataclass
+class StepWeights:
+    """The matrices of one block's eval step, each ``(weight, bias)`` or ``(packed int8 layer,)``
+    (:func:`~namc.models.onednn.dense`).
+
+    The self-attention query/key/value weights are stacked for one (3D x D) projection, rows ``[q; k; v]``
+    (:meth:`~namc.models.layers.Attention.split_kv`'s key-then-value layout). Built once per generation from the
+    live parameters, so it never goes stale after training; :meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`
+    keeps an int8 or prepacked bf16 copy instead.
+    """
+
+    NAMES = ("qkv", "self_out", "cross_q", "cross_out", "ffn_in", "ffn_out", "vocab")
+    qkv: tuple  # (3D, D), (3D,)
+    self_out: tuple
+    cross_q: tuple
+    cross_out: tuple
+    ffn_in: tuple
+    ffn_out: tuple
+    vocab: tuple  # (V, D), None: the tied embedding or lm_head
+
+    @classmethod
+    def of(cls, block: nn.Module, vocab: tuple) -> StepWeights:
+        s, c, (f_in, _, _, f_out) = block.self_attn, block.cross_attn, block.ffn
+        qkv = (torch.cat([s.q.weight, s.kv.weight]), torch.cat([s.q.bias, s.kv.bias]))
+        pairs = [(m.weight, m.bias) for m in (s.out, c.q, c.out, f_in, f_out)]
+        return cls(qkv, *pairs, vocab)

@@ -49,6 +49,7 @@ from namc.models.precision import (
     precision_context,
     save_int8_calibration,
 )
+from namc.models.shortlist import Shortlist
 from namc.models.vqgan import VQGANTokenizer
 from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 
@@ -238,16 +239,26 @@ class NAMC(nn.Module):
         grid_1: torch.Tensor | None = None,
         grid_2: torch.Tensor | None = None,
         precision: str = "fp32",
+        vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> torch.Tensor:
         """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``); ``precision``
-        ``fp32`` (default), ``bf16`` or ``int8`` (CPU) runs a converted copy (:mod:`namc.models.precision`)."""
+        ``fp32`` (default), ``bf16`` or ``int8`` (CPU) runs a converted copy (:mod:`namc.models.precision`);
+        ``vocabulary``: the only tokens to generate (:mod:`namc.models.shortlist`), None for all."""
         if precision != "fp32":
             with precision_context(self, precision, self.fdg.tok.weight.device) as model:
                 dtype = model.fdg.pos.dtype  # the activations' dtype (the copies keep fp32 activations)
                 x = [None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)]
-                return model.generate_ids(x[0], x[1], max_new_tokens, num_beams, grid_1=x[2], grid_2=x[3])
+                return model.generate_ids(
+                    x[0], x[1], max_new_tokens, num_beams, grid_1=x[2], grid_2=x[3], vocabulary=vocabulary
+                )
         memory = self.encode_pair(images_1, images_2, grid_1, grid_2)
-        return self.fdg.generate(memory, max_new_tokens or self.config.max_new_tokens, num_beams)
+        n = max_new_tokens or self.config.max_new_tokens
+        return self.fdg.generate(memory, n, num_beams, vocabulary=vocabulary)
+
+    def shortlist(self, captions: Iterable[str]) -> Shortlist:
+        """The tokens of ``captions`` (say, the captions the model was fine-tuned on) as a shortlist for
+        ``vocabulary=`` (:mod:`namc.models.shortlist`): decoding projects onto those rows of the vocabulary only."""
+        return Shortlist.from_captions(captions, self.tokenizer)
 
     def calibrate_int8(self, images: Iterable[torch.Tensor]) -> None:
         """Give ``precision="int8"`` a static int8 grid: activation scales from ``images``, batches of (B, 3, H, W)
@@ -265,6 +276,7 @@ class NAMC(nn.Module):
         max_new_tokens: int | None = None,
         num_beams: int = 1,
         precision: str = "fp32",
+        vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> list[str]:
         """Describe what changed from each first image to its second image.
 
@@ -276,11 +288,15 @@ class NAMC(nn.Module):
             max_new_tokens: at most this many generated tokens (default ``config.max_new_tokens``, 23).
             num_beams: 1 for greedy (the paper); more for beam search.
             precision: ``fp32`` (default), ``bf16`` or ``int8`` (CPU only) (:mod:`namc.models.precision`).
+            vocabulary: the only tokens to write, e.g. ``model.shortlist(training_captions)``
+                (:mod:`namc.models.shortlist`); None (default): the whole vocabulary.
 
         Returns:
             one caption per pair.
         """
-        ids = self.generate_ids(images_1, images_2, max_new_tokens, num_beams, precision=precision)
+        ids = self.generate_ids(
+            images_1, images_2, max_new_tokens, num_beams, precision=precision, vocabulary=vocabulary
+        )
         return [self.tokenizer.decode(row.tolist()) for row in ids]
 
     # ------------------------------------------------------------------------------------------ persistence

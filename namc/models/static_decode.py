@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,7 @@ from namc import ops
 from namc.models.fdg import FDG
 from namc.models.layers import KVCache
 from namc.models.precision import _fingerprint
+from namc.models.shortlist import Shortlist
 
 __all__ = ["StaticDecoder", "StaticKVCache"]
 
@@ -101,6 +103,8 @@ class StaticDecoder:
         check_every: steps between looks at the finished flags (each a host synchronisation).
         max_shapes: shapes whose buffers are kept.
         warmup: eager steps on a side stream before a capture.
+        vocabulary: the only tokens to generate, as :meth:`FDG.generate <namc.models.fdg.FDG.generate>`'s
+            (:mod:`namc.models.shortlist`); None: all.
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class StaticDecoder:
         check_every: int = 4,
         max_shapes: int = 4,
         warmup: int = 3,
+        vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> None:
         if max_new_tokens < 1 or max_new_tokens > fdg.max_len:
             raise ValueError(f"max_new_tokens must be in [1, {fdg.max_len}] (FDG's positions), got {max_new_tokens}")
@@ -118,6 +123,7 @@ class StaticDecoder:
             raise ValueError("check_every, max_shapes and warmup must be >= 1")
         self.fdg, self.max_new_tokens, self.graph = fdg, max_new_tokens, graph
         self.check_every, self.max_shapes, self.warmup = check_every, max_shapes, warmup
+        self.shortlist = fdg._shortlist(vocabulary)
         self._states: OrderedDict[tuple, _State] = OrderedDict()
         self._built_for: tuple = ()  # the FDG's parameters when the states were built (_fingerprint)
         self._weights: list = []  # FDG.step_weights() then: the matrices every state's step (and graph) reads
@@ -166,7 +172,8 @@ class StaticDecoder:
         for cache in s.caches:
             cache.mask = seen
         logits = fdg._fused_layers(x, s.caches, s.cross_kv, s.memory_mask, self._weights)  # (B, V)
-        nxt = logits.max(dim=-1).indices.masked_fill(s.finished, fdg.pad_id)  # (B,): argmax, first index on ties
+        nxt = logits.max(dim=-1).indices  # (B,): argmax, first index on ties
+        nxt = (nxt if self.shortlist is None else self.shortlist.to_vocabulary(nxt)).masked_fill(s.finished, fdg.pad_id)
         s.out.index_copy_(1, s.position, nxt[:, None])
         s.finished |= nxt == s.eos
         s.tokens.copy_(nxt)
@@ -177,6 +184,8 @@ class StaticDecoder:
         if weights != self._built_for:
             self._states.clear()
             self._built_for, self._weights = weights, self.fdg.step_weights()
+            if self.shortlist is not None:
+                self._weights = self.fdg.shortlisted(self._weights, self.shortlist)
         key = (tuple(memory.shape), memory.dtype, memory.device, memory_mask is not None)
         if key in self._states:
             self._states.move_to_end(key)

@@ -1,0 +1,114 @@
+"""Lexical shortlists: decoding restricted to the tokens a domain's captions use.
+
+Dimension letters: b rows, D width, V vocabulary, S shortlist.
+
+FDG projects every decoding step onto the whole vocabulary: CLIP's 49,409 BPE tokens for namc_base, the largest
+product of a step (38M multiply-adds per row, 70% of the step's) and, at batch 1, the largest matrix read. A model
+fine-tuned on one benchmark writes captions from a few hundred to a few thousand of those tokens (the ids of its
+fine-tuning captions); the others never were a target there. A :class:`Shortlist` restricts greedy and beam
+decoding to a set of ids, as Marian's lexical shortlists do for translation on CPUs: each step projects onto those
+rows of the vocabulary matrix only, and the pick is mapped back to the full vocabulary. The rows are gathered once
+per shortlist and matrix (for an int8 or bf16 inference copy, quantised or laid out once as :meth:`FDG.pack_step
+<namc.models.fdg.FDG.pack_step>` does the full matrix) and kept while the matrix is unchanged.
+
+What it gives (docs/throughput.md, session 27): namc_base's int8 decoding with 3,000 of its 49,409 tokens, two AMD
+EPYC threads, 1.46x faster at batch 1 and 1.57x at batch 32.
+
+What it changes: greedy decoding gives the full vocabulary's ids wherever every step's top token is in the list. In
+int8 the kept rows' logits are the full projection's to the bit (the weights' codes have one scale per row and the
+activations' one scale per call); in fp32 and bf16 a product over fewer rows may round its last bit differently. Beam
+search ranks hypotheses by log-probabilities normalised over the list, not over the full vocabulary (which would need
+the full projection). [EOS] is always in the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from namc.models import onednn
+from namc.models.qlinear import int8_linear
+
+__all__ = ["Shortlist"]
+
+
+class Shortlist:
+    """The token ids a generation may produce: sorted, unique, [EOS] included.
+
+    Build one per domain and reuse it: it keeps the gathered (and quantised or laid-out) vocabulary rows of the
+    matrices it was used with.
+
+    Args:
+        ids: token ids (any iterable of ints or a 1-D integer tensor).
+        vocab_size: the size of the full vocabulary (every id must be below it).
+        eos_id: the [EOS] id, added to the list (a negative id adds nothing).
+    """
+
+    _KEEP = 2  # prepared vocabulary heads kept (an inference copy's and the model's own, say)
+
+    def __init__(self, ids: Iterable[int] | torch.Tensor, vocab_size: int, eos_id: int) -> None:
+        t = ids.detach().cpu() if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.long)
+        if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise ValueError(f"a shortlist takes 1-D integer token ids, got {t.dtype} of shape {tuple(t.shape)}")
+        if eos_id >= 0:
+            t = torch.cat([t.long(), torch.tensor([eos_id])])
+        if t.numel() == 0:
+            raise ValueError("a shortlist needs at least one token id")
+        bad = t[(t < 0) | (t >= vocab_size)]
+        if bad.numel():
+            raise ValueError(f"shortlist id {int(bad[0])} is outside the vocabulary [0, {vocab_size})")
+        self.ids = torch.unique(t.long())  # sorted
+        self.vocab_size, self.eos_id = vocab_size, eos_id
+        self._on: dict[torch.device, torch.Tensor] = {}
+        self._heads: list[tuple[tuple, list, tuple]] = []  # (key, the objects the key names, head)
+
+    @classmethod
+    def from_captions(cls, captions: Iterable[str], tokenizer) -> Shortlist:
+        """The tokens of ``captions`` under ``tokenizer`` (a model's :class:`~namc.text.tokenizer.CaptionTokenizer`),
+        e.g. a benchmark's training captions, plus [EOS]."""
+        ids: set[int] = set()
+        for caption in captions:
+            ids.update(tokenizer.encode(caption))
+        if not ids:
+            raise ValueError("no tokens in the captions given for the shortlist")
+        return cls(sorted(ids), tokenizer.vocab_size, tokenizer.eos_id)
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    def __repr__(self) -> str:
+        return f"Shortlist({len(self)} of {self.vocab_size} tokens)"
+
+    def index(self, device: torch.device) -> torch.Tensor:
+        """The (S,) ids on ``device``."""
+        if device not in self._on:
+            self._on[device] = self.ids.to(device)
+        return self._on[device]
+
+    def to_vocabulary(self, picks: torch.Tensor) -> torch.Tensor:
+        """Positions in the shortlist -> ids of the full vocabulary."""
+        return self.index(picks.device)[picks]
+
+    def head(self, entry: tuple, weight: torch.Tensor) -> tuple:
+        """A decoding step's vocabulary entry (no bias) restricted to the list, in the entry's form: ``(matrix,
+        None)`` plain or prepacked bf16, ``(packed int8 layer,)``; ``weight``: the (V, D) matrix the entry was made
+        from (FDG's tied embedding or ``lm_head``). Kept while ``entry`` and ``weight`` are the same and unchanged."""
+        try:
+            version = weight._version
+        except RuntimeError:  # an inference tensor keeps no version: made in inference mode, so never changed since
+            version = -1
+        key = (id(entry[0]), id(weight), version, weight.device)
+        for k, _, head in self._heads:
+            if k == key:
+                return head
+        rows = weight.detach().index_select(0, self.index(weight.device))  # (S, D)
+        if isinstance(entry[0], nn.Module):  # FDG.pack_step("int8"): the same per-row codes as the full matrix's
+            head = (int8_linear(rows.float(), None),)
+        elif onednn.is_packed(entry[0]):  # FDG.pack_step("bf16")
+            head = (onednn.pack_linear(rows.to(torch.bfloat16)), None)
+        else:
+            head = (rows.to(entry[0].dtype), None)
+        self._heads = [(key, [entry[0], weight], head), *self._heads][: self._KEEP]
+        return head

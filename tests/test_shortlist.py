@@ -1,0 +1,194 @@
+"""Decoding restricted to a shortlist of tokens (namc.models.shortlist): the greedy pick over the list's logits,
+mapped back to the full vocabulary, on every path that decodes (eager fused step, the module step, beam search, an
+int8 or bf16 copy, the static decoder, a compiled step), and the prepared vocabulary rows kept only while valid."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import namc
+from namc.models import onednn
+from namc.models.compiled_step import CompiledStep
+from namc.models.fdg import FDG, FDGConfig
+from namc.models.shortlist import Shortlist
+from namc.models.static_decode import StaticDecoder
+
+V, D, EOS, PAD = 300, 32, 2, 0
+
+
+def _fdg(eos_id: int = EOS) -> FDG:
+    torch.manual_seed(5)
+    config = FDGConfig(vocab_size=V, dim=D, heads=4, layers=2, max_len=16, eos_id=eos_id, pad_id=PAD, dropout=0.0)
+    return FDG(config).eval()
+
+
+def _memory(rows: int = 6) -> torch.Tensor:
+    return torch.randn(rows, 5, D, generator=torch.Generator().manual_seed(1))
+
+
+@torch.inference_mode()
+def _reference(fdg: FDG, memory: torch.Tensor, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy decoding from the teacher-forced logits of the whole prefix (no cache), the logits outside ``ids``
+    masked: what a shortlist means, computed without any of the decoding paths under test."""
+    B = memory.shape[0]
+    allowed = torch.full((V,), float("-inf"))
+    allowed[ids] = 0.0
+    tokens = torch.full((B, 1), fdg.bos_id, dtype=torch.long)
+    finished = torch.zeros(B, dtype=torch.bool)
+    out = []
+    for _ in range(steps):
+        nxt = (fdg(tokens, memory)[:, -1] + allowed).argmax(-1).masked_fill(finished, PAD)
+        out.append(nxt)
+        finished |= nxt == EOS
+        tokens = torch.cat([tokens, nxt[:, None]], 1)
+        if bool(finished.all()):
+            break
+    out = torch.stack(out, 1)
+    return out[:, : int((out != PAD).sum(1).max())]
+
+
+def _shortlist(size: int = 40, seed: int = 0) -> Shortlist:
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:size]
+    return Shortlist(ids, V, EOS)
+
+
+def test_greedy_picks_the_best_listed_token_on_the_fused_and_the_module_step():
+    fdg, memory = _fdg(), _memory()
+    short = _shortlist()
+    expected = _reference(fdg, memory, short.ids, 12)
+    assert set(expected.unique().tolist()) <= set(short.ids.tolist()) | {PAD}
+    assert not torch.equal(expected, _reference(fdg, memory, torch.arange(V), 12))  # the list changes the captions
+    torch.testing.assert_close(fdg.generate(memory, 12, vocabulary=short), expected, rtol=0, atol=0)  # fused
+    fdg.train()  # dropout 0: the module step, which takes the full logits' columns
+    torch.testing.assert_close(fdg.generate(memory, 12, vocabulary=short), expected, rtol=0, atol=0)
+
+
+def test_a_list_holding_the_full_vocabularys_picks_changes_nothing():
+    fdg, memory = _fdg(), _memory()
+    full = fdg.generate(memory, 12)
+    listed = torch.cat([full.flatten(), _shortlist(20).ids])
+    torch.testing.assert_close(fdg.generate(memory, 12, vocabulary=listed), full, rtol=0, atol=0)
+    torch.testing.assert_close(fdg.generate(memory, 12, vocabulary=range(V)), full, rtol=0, atol=0)
+
+
+@torch.inference_mode()
+def test_int8_rows_are_the_full_projections_to_the_bit():
+    fdg = _fdg()
+    fdg.pack_step("int8")
+    short = _shortlist()
+    full = fdg.step_weights()[-1].vocab
+    head = fdg.shortlisted(fdg.step_weights(), short)[-1].vocab
+    x = torch.randn(7, D)
+    assert torch.equal(onednn.dense(x, *head), onednn.dense(x, *full)[:, short.ids])
+    memory = _memory()
+    ids = fdg.generate(memory, 12)
+    listed = torch.cat([ids.flatten(), short.ids])
+    assert torch.equal(fdg.generate(memory, 12, vocabulary=listed), ids)
+
+
+@pytest.mark.skipif(not onednn.linear_available(), reason="needs oneDNN's linear kernels")
+@torch.inference_mode()
+def test_a_bf16_copy_projects_onto_prepacked_rows():
+    fdg = _fdg().to(torch.bfloat16)  # as the bf16 inference copy (namc.models.precision)
+    fdg.pack_step("bf16")
+    short = _shortlist()
+    head = fdg.shortlisted(fdg.step_weights(), short)[-1].vocab
+    assert onednn.is_packed(head[0])
+    x = torch.randn(9, D, dtype=torch.bfloat16)
+    full = onednn.dense(x, *fdg.step_weights()[-1].vocab)[:, short.ids].float()
+    torch.testing.assert_close(onednn.dense(x, *head).float(), full, rtol=1e-2, atol=1e-2)
+    out = fdg.generate(_memory().bfloat16(), 12, vocabulary=short)
+    assert set(out.unique().tolist()) <= set(short.ids.tolist()) | {PAD}
+
+
+def test_beam_search_stays_in_the_list_and_a_whole_list_changes_nothing():
+    fdg, memory = _fdg(), _memory(3)
+    short = _shortlist(15)
+    out = fdg.generate(memory, 10, num_beams=3, vocabulary=short)
+    assert set(out.unique().tolist()) <= set(short.ids.tolist()) | {PAD}
+    full = fdg.generate(memory, 10, num_beams=3)
+    torch.testing.assert_close(fdg.generate(memory, 10, num_beams=3, vocabulary=range(V)), full, rtol=0, atol=0)
+    # one beam is greedy: the same as the greedy path over the same list
+    torch.testing.assert_close(
+        fdg.generate(memory, 10, num_beams=1, vocabulary=short), _reference(fdg, memory, short.ids, 10)
+    )
+
+
+def test_static_decoder_takes_the_list():
+    fdg, memory = _fdg(), _memory()
+    short = _shortlist()
+    decode = StaticDecoder(fdg, 12, vocabulary=short)
+    torch.testing.assert_close(decode(memory), fdg.generate(memory, 12, vocabulary=short), rtol=0, atol=0)
+
+
+def test_compiled_step_compiles_again_for_another_list():
+    """The compiled step holds the vocabulary rows: another list is another compilation (``torch.compile`` compiles
+    at the first call, so this costs nothing; the slow test below runs the compiled generations)."""
+    fdg = _fdg()
+    step = CompiledStep(fdg)
+    short, other = _shortlist(), _shortlist(seed=1)
+    step.for_generation(fdg.shortlisted(fdg.step_weights(), short))
+    first = step._compiled
+    step.for_generation(fdg.shortlisted(fdg.step_weights(), short))
+    assert step._compiled is first  # the same list: its rows are kept, the same compiled code
+    step.for_generation(fdg.shortlisted(fdg.step_weights(), other))
+    assert step._compiled is not first
+    second = step._compiled
+    step.for_generation(fdg.step_weights())
+    assert step._compiled is not second
+
+
+@pytest.mark.slow
+def test_compiled_generation_over_a_list():
+    fdg, memory = _fdg(eos_id=-1), _memory(2)
+    short = Shortlist(_shortlist().ids, V, -1)
+    eager = fdg.generate(memory, 6, vocabulary=short)
+    fdg.compile_step()
+    try:
+        torch.testing.assert_close(fdg.generate(memory, 6, vocabulary=short), eager, rtol=0, atol=0)
+    finally:
+        fdg.uncompile_step()
+
+
+def test_prepared_rows_are_kept_until_the_matrix_changes():
+    fdg = _fdg()
+    short = _shortlist()
+    first = short.head(fdg.step_weights()[-1].vocab, fdg.tok.weight)
+    assert short.head(fdg.step_weights()[-1].vocab, fdg.tok.weight) is first
+    with torch.no_grad():
+        fdg.tok.weight.mul_(2.0)  # in place (an optimiser step): a new version
+    again = short.head(fdg.step_weights()[-1].vocab, fdg.tok.weight)
+    assert again is not first
+    torch.testing.assert_close(again[0], fdg.tok.weight[short.ids])
+    twin = copy.deepcopy(fdg)
+    twin.pack_step("int8")
+    packed = short.head(twin.step_weights()[-1].vocab, twin.tok.weight)
+    assert short.head(twin.step_weights()[-1].vocab, twin.tok.weight) is packed  # built once per copy
+
+
+def test_bad_lists_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"shortlist id 300 is outside the vocabulary \[0, 300\)"):
+        Shortlist([5, 300], V, EOS)
+    with pytest.raises(ValueError, match="1-D integer token ids"):
+        Shortlist(torch.tensor([1.0, 2.0]), V, EOS)
+    with pytest.raises(ValueError, match="1-D integer token ids"):
+        Shortlist(torch.tensor([[1, 2]]), V, EOS)
+    short = Shortlist([9, 7, 9], V, EOS)
+    assert short.ids.tolist() == [EOS, 7, 9] and len(short) == 3 and "3 of 300" in repr(short)
+
+
+def test_a_models_captions_make_its_shortlist():
+    torch.manual_seed(0)
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    tok = model.tokenizer
+    words = tok.decode(list(range(5, 12))).split()
+    short = model.shortlist([" ".join(words[:4]), " ".join(words[3:])])
+    assert short.ids.tolist() == sorted({*range(5, 12), tok.eos_id})
+    images = torch.rand(2, 3, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    for caption in model.generate(images[0], images[1], vocabulary=short):
+        assert set(caption.split()) <= set(words)
+    with pytest.raises(ValueError, match="no tokens"):
+        model.shortlist(["", "  "])
