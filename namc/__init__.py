@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from namc.models import (  # noqa: F401
         NAMC,
         NAMCConfig,
+        Shortlist,
         create_model,
         list_models,
         load_model,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "NAMC": "namc.models",
     "NAMCConfig": "namc.models",
+    "Shortlist": "namc.models",
     "create_model": "namc.models",
     "list_models": "namc.models",
     "load_model": "namc.models",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -26,10 +26,11 @@ from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTran
 from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
 from namc.models.precision import PRECISIONS, check_precision
+from namc.models.shortlist import Shortlist
 
 ImageLike = str | Path | Image.Image
 
-__all__ = ["describe", "main"]
+__all__ = ["describe", "main", "read_captions"]
 
 
 def _load(image: ImageLike, transform: ImageTransform) -> torch.Tensor:
@@ -58,6 +59,7 @@ def describe(
     batch_size: int = 32,
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     precision: str = "fp32",
+    vocabulary: Shortlist | Iterable[int] | None = None,
 ) -> str | list[str]:
     """Say what changed between image pairs.
 
@@ -76,6 +78,9 @@ def describe(
             int8 linear layers; the grid in static int8 once :func:`~namc.models.precision.calibrate_int8` has
             calibrated the model, or its saved folder carries a calibration, else fp32); see
             :mod:`namc.models.precision` for speed and agreement with fp32.
+        vocabulary: the only tokens to write (a :class:`~namc.models.shortlist.Shortlist`, e.g.
+            ``model.shortlist(captions)`` of the captions the model was fine-tuned on, or token ids); decoding then
+            projects onto those rows of the vocabulary only. None (default): the whole vocabulary.
 
     Returns:
         one caption, or a list of captions when lists were given.
@@ -98,11 +103,31 @@ def describe(
     for start in range(0, len(firsts), batch_size):
         a = torch.stack([_load(x, transform) for x in firsts[start : start + batch_size]]).to(device)
         b = torch.stack([_load(x, transform) for x in seconds[start : start + batch_size]]).to(device)
-        captions += model.generate(a, b, max_new_tokens=max_new_tokens, num_beams=num_beams, precision=precision)
+        captions += model.generate(a, b, max_new_tokens, num_beams, precision=precision, vocabulary=vocabulary)
     return captions[0] if single else captions
 
 
 # ------------------------------------------------------------------------------------------------ the command
+
+
+def read_captions(path: str | Path) -> list[str]:
+    """The non-blank lines of a UTF-8 text file (one caption per line), e.g. for :meth:`NAMC.shortlist
+    <namc.models.namc.NAMC.shortlist>`; a missing file or a line that is not UTF-8 names the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"captions file not found: {path}")
+    lines = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}: line {number} is not UTF-8 text") from None
+            if line:
+                lines.append(line)
+    if not lines:
+        raise ValueError(f"{path}: no captions (every line is blank)")
+    return lines
 
 
 def _positive_int(text: str) -> int:
@@ -157,6 +182,12 @@ def _parser() -> argparse.ArgumentParser:
         "int8_calibration.json, written by save_pretrained after model.calibrate_int8)",
     )
     parser.add_argument(
+        "--vocabulary",
+        metavar="CAPTIONS.txt",
+        help="write only the tokens of these captions (a UTF-8 file, one per line: say, the captions the model was "
+        "fine-tuned on); decoding then projects onto those tokens only, faster (namc.models.shortlist)",
+    )
+    parser.add_argument(
         "--max-image-pixels",
         type=pixel_cap_arg,
         default=MAX_IMAGE_PIXELS,
@@ -188,9 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"argument --max-new-tokens: this model generates at most {limit} tokens")
         if args.precision == "int8" and args.device.type != "cpu":
             parser.error(f"argument --precision: int8 runs on a CPU only, not on {args.device}")
+        vocabulary = None if args.vocabulary is None else model.shortlist(read_captions(args.vocabulary))
         caption = describe(
             model, args.image1, args.image2, args.beams, args.max_new_tokens, max_image_pixels=args.max_image_pixels,
-            precision=args.precision,
+            precision=args.precision, vocabulary=vocabulary,
         )  # fmt: skip
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path on the command line
         return _error(str(err), 2)

@@ -559,6 +559,14 @@ def _describe_case(case: str, saved: Path, pair: tuple[Path, Path], tmp: Path) -
         return [a, b, "--model", model, "--device", "cuda"], 2, "no CUDA device is available"
     if case == "device_unknown":
         return [a, b, "--model", model, "--device", "tpu9"], 2, "not a device: 'tpu9'"
+    if case == "vocabulary_missing":
+        return [a, b, "--model", model, "--vocabulary", str(tmp / "v.txt")], 2, f"captions file not found: {tmp}"
+    if case == "vocabulary_not_utf8":
+        (tmp / "v.txt").write_bytes(b"a red cube\nthe \xff sphere\n")
+        return [a, b, "--model", model, "--vocabulary", str(tmp / "v.txt")], 1, "v.txt: line 2 is not UTF-8 text"
+    if case == "vocabulary_blank":
+        (tmp / "v.txt").write_text("\n  \n")
+        return [a, b, "--model", model, "--vocabulary", str(tmp / "v.txt")], 1, "v.txt: no captions"
     raise AssertionError(case)
 
 
@@ -566,7 +574,7 @@ DESCRIBE_CASES = [
     "image_is_a_directory", "image_missing", "image_corrupt", "image_oversized", "model_preset_name", "model_missing",
     "model_of_another_preset", "weights_truncated", "config_syntax_error", "pickle_checkpoint",
     "max_new_tokens_negative", "max_new_tokens_over_the_model", "beams_zero", "device_cuda_without_gpu",
-    "device_unknown",
+    "device_unknown", "vocabulary_missing", "vocabulary_not_utf8", "vocabulary_blank",
 ]  # fmt: skip
 
 

@@ -109,6 +109,12 @@ def test_describe_captions_two_image_files(tmp_path: Path, capsys: pytest.Captur
     assert caption and "[BOS]" not in caption and "[EOS]" not in caption
     assert main(["describe", str(tmp_path / "a.png"), str(tmp_path / "zz.png"), "--model", str(model_dir)]) == 2
     assert "image not found" in capsys.readouterr().err
+    # a shortlist: only the words of the captions in the file (each word one token of namc_tiny's vocabulary)
+    (tmp_path / "captions.txt").write_text("the cube moved\n\nthe sphere is gone\n", encoding="utf-8")
+    argv = ["describe", str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--model", str(model_dir)]
+    assert main([*argv, "--vocabulary", str(tmp_path / "captions.txt")]) == 0
+    listed = capsys.readouterr().out.strip().split()
+    assert set(listed) <= {"the", "cube", "moved", "sphere", "is", "gone"}, listed
 
 
 def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:

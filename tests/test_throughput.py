@@ -14,6 +14,7 @@ import torch
 
 import namc
 from namc.eval import throughput as tp
+from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
 from namc.models.precision import int8_calibration
 from namc.models.qlinear import DynamicLinear
@@ -32,7 +33,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 3
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 4
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -319,6 +320,31 @@ def test_clip4idc_peer_decodes_from_its_memory():
         assert torch.equal(peer.logits(prefix, memory).argmax(-1), ids)
     int8 = tp.peer_at(peer, "int8")
     assert isinstance(int8.head, DynamicLinear) and int8 is not peer
+    # a shortlist holding the full vocabulary's picks: the same ids, from a head of the listed rows only
+    keep = torch.tensor(sorted({*ids.flatten().tolist(), 5, 700, 49407}))
+    weight = peer.head.weight.detach().clone()
+    peer.restrict_vocabulary(keep)
+    assert peer.head.weight.shape == (keep.numel(), 512) and torch.equal(peer.head.weight, weight[keep])
+    assert torch.equal(peer.decode(memory, 4), ids)
+    assert isinstance(tp.peer_at(peer, "int8").head, DynamicLinear)
+
+
+def test_shortlist_run():
+    """``--shortlist``: every level decodes over the same random list, the naive decoder too (the same ids), and
+    the FLOP count has the list's rows in the vocabulary projection."""
+    settings = tp.BenchmarkSettings(
+        model="namc_tiny", batch_sizes=(2,), repeats=1, warmup=1, gemm_size=64, max_new_tokens=5, threads=1,
+        shortlist=12,
+    )  # fmt: skip
+    report = tp.run_benchmark(settings)
+    assert tp.validate_report(report) == []
+    assert report["settings"]["shortlist"] == 12 and report["reference"][0]["tokens_match"]
+    shape = fdg_shape(namc.create_model("namc_tiny"))
+    listed = report["inference"][0]["flops"]["per_call"]
+    assert listed == tp.decoder_flops(**{**shape, "vocab_size": 12}, lengths=[5, 5])["total"]
+    assert listed < tp.decoder_flops(**shape, lengths=[5, 5])["total"]
+    short = tp.random_shortlist(81, 2, 12, 0)
+    assert len(short) == 12 and 2 in short.ids.tolist()
 
 
 def test_gpu_session_script_names_its_missing_wheels(tmp_path):

@@ -8,8 +8,8 @@
 - **The naive decoder** (:mod:`.baselines`) and **the CLIP4IDC peer** (:mod:`.clip4idc`: its published
   architecture, 173.7M parameters, random weights) in the same process, on the same inputs and length, the peer's
   calls interleaved with namc's; the speed-ups, and whether the naive decoder produced the same ids.
-- **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.models.precision`) and ``torch.compile`` of
-  the decoding step.
+- **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.models.precision`), ``torch.compile`` of
+  the decoding step, and decoding over a shortlist of tokens (``shortlist``, namc and the peer alike).
 - **Dense matmul throughput** of the machine (:mod:`.machine`) and the **decode FLOP efficiency**: analytic decoder
   FLOPs (:mod:`.flops`) per second at the median time over that matmul FLOP/s.
 - **Training throughput** (:mod:`.training`, optional): pre-training steps/s and pairs/s, and the cost of the
@@ -26,7 +26,7 @@ from namc.eval.throughput.cli import build_parser, main
 from namc.eval.throughput.clip4idc import CLIP4IDCPeer, peer_at
 from namc.eval.throughput.flops import decoder_flops
 from namc.eval.throughput.harness import load_model, run_benchmark
-from namc.eval.throughput.inference import generated_lengths, length_mode, run_inference
+from namc.eval.throughput.inference import generated_lengths, length_mode, random_shortlist, run_inference
 from namc.eval.throughput.machine import describe_machine, measure_matmul
 from namc.eval.throughput.report import format_table, validate_report
 from namc.eval.throughput.schema import REPORT_SCHEMA, SCHEMA_VERSION
@@ -53,6 +53,7 @@ __all__ = [
     "measure_matmul",
     "peak_memory",
     "peer_at",
+    "random_shortlist",
     "run_benchmark",
     "run_inference",
     "run_training",

@@ -19,13 +19,18 @@ import torch
 from namc import ops
 from namc.models.fdg import FDG
 from namc.models.namc import NAMC
+from namc.models.shortlist import Shortlist
 
 __all__ = ["generate_reference", "generate_uncached"]
 
 
 @torch.inference_mode()
 def generate_uncached(
-    fdg: FDG, memory: torch.Tensor, max_new_tokens: int = 23, memory_mask: torch.Tensor | None = None
+    fdg: FDG,
+    memory: torch.Tensor,
+    max_new_tokens: int = 23,
+    memory_mask: torch.Tensor | None = None,
+    vocabulary: Shortlist | None = None,
 ) -> torch.Tensor:
     """Naive greedy decoding: no self-attention cache, every prefix position re-run and projected at every step.
 
@@ -34,6 +39,7 @@ def generate_uncached(
         memory: (B, N, D) E_MIR.
         max_new_tokens: the most tokens generated after [BOS], [EOS] included.
         memory_mask: (B, N) bool, True where memory may be attended.
+        vocabulary: the only tokens to generate (the full logits' columns of the list), as FDG.generate's.
 
     Returns:
         (B, T) generated ids without [BOS], padded with ``pad_id`` after [EOS].
@@ -46,7 +52,9 @@ def generate_uncached(
     finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
     for t in range(max_new_tokens):
         logits = fdg(tokens, memory, memory_mask)  # (B, t + 1, V): every position projected
-        nxt = logits[:, -1].argmax(dim=-1).masked_fill(finished, fdg.pad_id)  # (B,)
+        last = logits[:, -1] if vocabulary is None else logits[:, -1].index_select(1, vocabulary.index(memory.device))
+        nxt = last.argmax(dim=-1)  # (B,)
+        nxt = (nxt if vocabulary is None else vocabulary.to_vocabulary(nxt)).masked_fill(finished, fdg.pad_id)
         out[:, t] = nxt
         finished |= nxt == fdg.eos_id
         if bool(finished.all()):

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode in fixed-shape steps over a static KV cache (namc.models.static_decode), on CUDA one CUDA "
         "graph per batch size replayed at every step; on a CPU the same steps run eagerly",
     )  # fmt: skip
+    p.add_argument(
+        "--shortlist", type=int, default=d.shortlist, metavar="N",
+        help="decode over N tokens instead of the whole vocabulary, namc and the CLIP4IDC peer alike (random ids, "
+        "[EOS] among them; namc.models.shortlist); 0: the whole vocabulary (default)",
+    )  # fmt: skip
     p.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="0 skips training (default)")
     p.add_argument("--train-steps", type=int, default=d.train_steps)
     p.add_argument("--train-warmup", type=int, default=d.train_warmup)

@@ -76,6 +76,18 @@ class CLIP4IDCPeer(nn.Module):
         self.head.weight = self.clip.token_embedding.weight  # tied, as BERT's prediction head
         self.max_len = self.clip.positional_embedding.shape[0]
         self.eos_id = EOS_ID
+        self.register_buffer("vocab_ids", None, persistent=False)  # the shortlist, restrict_vocabulary
+
+    def restrict_vocabulary(self, ids: torch.Tensor) -> None:
+        """Project onto the (S,) vocabulary ``ids`` only, as namc's shortlists (:mod:`namc.models.shortlist`): the
+        head keeps those rows of the tied embedding (untied copies) and their biases; the greedy pick is mapped
+        back to the vocabulary. Before :func:`peer_at`, which converts the new head like the others."""
+        ids = ids.to(self.head.weight.device)
+        head = nn.Linear(self.head.in_features, ids.numel(), device=ids.device, dtype=self.head.weight.dtype)
+        with torch.no_grad():
+            head.weight.copy_(self.head.weight.index_select(0, ids))
+            head.bias.copy_(self.head.bias.index_select(0, ids))
+        self.head, self.vocab_ids = head, ids
 
     def num_parameters(self) -> dict[str, int]:
         """``total`` (every distinct parameter, as Table 5 counts) and ``inference`` (what captioning runs: the
@@ -124,7 +136,8 @@ class CLIP4IDCPeer(nn.Module):
         tokens = torch.full((B, 1), BOS_ID, dtype=torch.long, device=memory.device)
         finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
         for _ in range(max_new_tokens):
-            nxt = self.logits(tokens, memory)[:, -1].argmax(dim=-1).masked_fill(finished, 0)  # (B,)
+            nxt = self.logits(tokens, memory)[:, -1].argmax(dim=-1)  # (B,)
+            nxt = (nxt if self.vocab_ids is None else self.vocab_ids[nxt]).masked_fill(finished, 0)
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
             finished |= nxt == self.eos_id
             if bool(finished.all()):

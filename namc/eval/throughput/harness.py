@@ -17,7 +17,7 @@ import torch
 
 from namc._version import __version__
 from namc.eval.throughput.clip4idc import PAPER_PARAMETERS, CLIP4IDCPeer, peer_at
-from namc.eval.throughput.inference import run_inference
+from namc.eval.throughput.inference import random_shortlist, run_inference
 from namc.eval.throughput.machine import describe_machine, measure_matmul
 from namc.eval.throughput.schema import SCHEMA_VERSION
 from namc.eval.throughput.settings import DTYPES, PAPER_TABLE5, BenchmarkSettings
@@ -101,6 +101,9 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         torch.manual_seed(settings.seed)
         peer = CLIP4IDCPeer().to(device).eval()
         peer_entry = {"name": "CLIP4IDC", "parameters": peer.num_parameters(), "paper_parameters": PAPER_PARAMETERS}
+        if settings.shortlist:
+            vocab = peer.clip.token_embedding.weight.shape[0]
+            peer.restrict_vocabulary(random_shortlist(vocab, peer.eos_id, settings.shortlist, settings.seed).ids)
         peer = peer_at(peer.to(dtype), settings.precision)
     try:
         inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)

@@ -45,9 +45,10 @@ from namc.eval.throughput.settings import LENGTH_MODES, BenchmarkSettings
 from namc.eval.throughput.timing import peak_memory, summarize, synchronize, time_calls
 from namc.models.namc import NAMC
 from namc.models.precision import run_context
+from namc.models.shortlist import Shortlist
 from namc.models.static_decode import StaticDecoder
 
-__all__ = ["generated_lengths", "length_mode", "run_inference"]
+__all__ = ["generated_lengths", "length_mode", "random_shortlist", "run_inference"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,14 @@ def generated_lengths(ids: torch.Tensor, eos_id: int, max_new_tokens: int, mode:
     return out
 
 
+def random_shortlist(vocab_size: int, eos_id: int, size: int, seed: int) -> Shortlist:
+    """``size`` ids of a ``vocab_size`` vocabulary, [EOS] and ``size - 1`` others drawn with ``seed`` (the whole
+    vocabulary where ``size`` reaches it): with random weights which tokens are listed changes no timing."""
+    others = torch.tensor([i for i in range(vocab_size) if i != eos_id])
+    pick = torch.randperm(others.numel(), generator=torch.Generator().manual_seed(seed))[: max(size - 1, 0)]
+    return Shortlist(others[pick], vocab_size, eos_id)
+
+
 def run_inference(
     model: NAMC,
     settings: BenchmarkSettings,
@@ -137,12 +146,16 @@ def _decoders(
     img1, img2 = (x.to(device, model.fdg.pos.dtype) for x in pair)
     ctx = functools.partial(run_context, settings.precision, device)
     n_new = settings.max_new_tokens
+    short = None
+    if settings.shortlist:  # [EOS] is listed even where the length mode disables it
+        vocab = model.fdg.tok.weight.shape[0]
+        short = random_shortlist(vocab, model.tokenizer.eos_id, settings.shortlist, settings.seed)
     with torch.inference_mode(), ctx():
         grid = model.grid(torch.cat([img1, img2]))  # (2B, N, C)
         grid1, grid2 = grid[:batch], grid[batch:]
         memory = model.encode_pair(None, None, grid1, grid2)  # (B, N, D)
     if settings.static_decode:  # one decoder per batch size: its buffers (and CUDA graph) serve all three levels
-        decode = StaticDecoder(model.fdg, n_new)
+        decode = StaticDecoder(model.fdg, n_new, vocabulary=short)
         encode = torch.inference_mode()(model.encode_pair)  # as generate_ids runs it
         optimised = {
             "decode": _within(ctx, lambda: decode(memory)),
@@ -151,11 +164,13 @@ def _decoders(
         }
     else:
         optimised = {
-            "decode": _within(ctx, lambda: model.fdg.generate(memory, n_new)),
-            "grid": _within(ctx, lambda: model.generate_ids(None, None, n_new, grid_1=grid1, grid_2=grid2)),
-            "e2e": _within(ctx, lambda: model.generate_ids(img1, img2, n_new)),
+            "decode": _within(ctx, lambda: model.fdg.generate(memory, n_new, vocabulary=short)),
+            "grid": _within(
+                ctx, lambda: model.generate_ids(None, None, n_new, grid_1=grid1, grid_2=grid2, vocabulary=short)
+            ),
+            "e2e": _within(ctx, lambda: model.generate_ids(img1, img2, n_new, vocabulary=short)),
         }
-    naive = {"decode": _within(ctx, lambda: generate_uncached(model.fdg, memory, n_new))}
+    naive = {"decode": _within(ctx, lambda: generate_uncached(model.fdg, memory, n_new, vocabulary=short))}
     if peer is not None:
         dtype = peer.clip.token_embedding.weight.dtype
         p1, p2 = img1.to(dtype), img2.to(dtype)
@@ -197,7 +212,7 @@ def _run_batch(
             logger.info("inference: batch %d, %s", batch, mode)
             entry, ids, lengths = _time_level(settings, device, batch, mode, optimised[mode], eos_id)
             if mode == "decode":
-                entry["flops"] = _flops_entry(model, lengths, entry["time_s"]["median"], matmul_flops)
+                entry["flops"] = _flops_entry(model, settings, lengths, entry["time_s"]["median"], matmul_flops)
             entries.append(entry)
             timed[mode] = (entry, ids)
         for ref in _NAIVE[settings.reference]:
@@ -287,9 +302,15 @@ def _time_level(
     return entry, ids, lengths
 
 
-def _flops_entry(model: NAMC, lengths: list[int], median_s: float, matmul_flops: float | None) -> dict[str, Any]:
-    """The decode FLOP efficiency of a ``decode`` call: analytic FLOPs per second over the matmul's FLOP/s."""
-    fl = decoder_flops(**fdg_shape(model), lengths=lengths)
+def _flops_entry(
+    model: NAMC, settings: BenchmarkSettings, lengths: list[int], median_s: float, matmul_flops: float | None
+) -> dict[str, Any]:
+    """The decode FLOP efficiency of a ``decode`` call: analytic FLOPs per second over the matmul's FLOP/s (the
+    vocabulary projection over the shortlist's rows where there is one)."""
+    shape = fdg_shape(model)
+    if settings.shortlist:  # random_shortlist's size
+        shape["vocab_size"] = min(settings.shortlist, shape["vocab_size"])
+    fl = decoder_flops(**shape, lengths=lengths)
     achieved = fl["total"] / median_s
     return {
         "per_call": fl["total"],

@@ -90,7 +90,7 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
     return [
         f"namc benchmark  model={mdl['name']} ({mdl['source']})  device={m['device']}  dtype={s['dtype']}  "
         f"precision={s['precision']} (grid {mdl.get('grid_precision', s['precision'])})  compile={s['compile']}  "
-        f"static_decode={s['static_decode']}  "
+        f"static_decode={s['static_decode']}  shortlist={s['shortlist'] or 'off'}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
         f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch_version']}"
         + (f", GPU {m['gpu']['name']}" if m["gpu"] else "")

@@ -26,8 +26,9 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 3  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
-# machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices
+SCHEMA_VERSION = 4  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+# machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
+# settings.shortlist
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -113,6 +114,12 @@ _SETTINGS = {
     "compile": _field("boolean", "FDG's decoding step ran under `torch.compile`"),
     "static_decode": _field(
         "boolean", "decoding ran in fixed-shape steps over a static KV cache (a CUDA graph per batch size on CUDA)"
+    ),
+    "shortlist": _field(
+        "integer",
+        "tokens decoding projected onto, namc and the peer alike (random ids drawn with `seed`, [EOS] among them; "
+        "`namc.models.shortlist`); 0: the whole vocabulary",
+        minimum=0,
     ),
     "train_batch_size": _field("integer", "pairs per training step (0: no training measurement)", minimum=0),
     "train_steps": _field("integer", "timed training steps", minimum=1),

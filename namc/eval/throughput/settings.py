@@ -75,6 +75,9 @@ class BenchmarkSettings:
         compile: ``torch.compile`` FDG's decoding step.
         static_decode: decode with :class:`~namc.models.static_decode.StaticDecoder` (fixed-shape steps over a
             static KV cache; on CUDA one CUDA graph per batch size, replayed at every step) in every level.
+        shortlist: decode over this many tokens instead of the whole vocabulary (:mod:`namc.models.shortlist`):
+            namc and the CLIP4IDC peer alike project onto that many ids of their vocabularies, drawn with ``seed``
+            ([EOS] among them); 0 (default): the whole vocabulary.
         train_batch_size: pairs per training step; 0 skips the training measurement.
         train_steps: timed training steps.
         train_warmup: untimed training steps.
@@ -100,6 +103,7 @@ class BenchmarkSettings:
     gemm_size: int = 1024
     compile: bool = False
     static_decode: bool = False
+    shortlist: int = 0
     train_batch_size: int = 0
     train_steps: int = 3
     train_warmup: int = 1
@@ -134,6 +138,8 @@ class BenchmarkSettings:
             raise ValueError(f"int8_grid must be one of {INT8_GRIDS}, got {self.int8_grid!r}")
         if self.precision != "fp32" and (torch.device(self.device).type != "cpu" or self.dtype != "float32"):
             raise ValueError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
+        if self.shortlist < 0:
+            raise ValueError(f"shortlist must be >= 0 (0: the whole vocabulary), got {self.shortlist}")
         if self.compile and self.static_decode:
             raise ValueError("compile and static_decode are two ways of running the step: pick one")
         if torch.device(self.device).type != "cuda" and self.dtype != "float32":
