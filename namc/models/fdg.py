@@ -4,13 +4,14 @@ Dimension letters: B batch, K beams, T tokens, N memory positions (n_I), D width
 
 Decoding encodes each pair once, caches the cross-attention keys/values of the memory and the self-attention
 keys/values of the prefix (:class:`~namc.models.layers.KVCache`), projects only the last position onto the
-vocabulary, and drops finished rows from the batch. Greedy with at most 23 new tokens is the paper's setting
-(appendix F); beam search is ours. The naive decoder the throughput harness compares against (no cache, every
-prefix position re-run and projected at every step) lives with the harness, in :mod:`namc.eval.throughput`.
+vocabulary (or onto a shortlist's rows, :mod:`namc.models.shortlist`), and drops finished rows from the batch.
+Greedy with at most 23 new tokens is the paper's setting (appendix F); beam search is ours. The naive decoder the
+throughput harness compares against (no cache, every prefix position re-run and projected at every step) lives with
+the harness, in :mod:`namc.eval.throughput`.
 
-In eval mode the incremental step takes a fused path (:class:`_StepWeights`): one (3D x D) projection gives the
-self-attention query, key and value, the hidden states stay (b, D) instead of (b, 1, D), the cross-attention
-keys/values are made contiguous once, and on a CPU the large skinny products run through oneDNN
+In eval mode the incremental step takes a fused path (:class:`~namc.models.layers.StepWeights`): one (3D x D)
+projection gives the self-attention query, key and value, the hidden states stay (b, D) instead of (b, 1, D), the
+cross-attention keys/values are made contiguous once, and on a CPU the large skinny products run through oneDNN
 (:func:`~namc.models.onednn.dense`).
 In training mode (dropout active) the step runs the blocks' modules unchanged, so sampling with dropout behaves as
 before. Finished rows are dropped once they are a quarter of the batch (not at every [EOS]), which amortises the

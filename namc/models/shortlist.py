@@ -11,8 +11,10 @@ rows of the vocabulary matrix only, and the pick is mapped back to the full voca
 per shortlist and matrix (for an int8 or bf16 inference copy, quantised or laid out once as :meth:`FDG.pack_step
 <namc.models.fdg.FDG.pack_step>` does the full matrix) and kept while the matrix is unchanged.
 
-What it gives (docs/throughput.md, session 27): namc_base's int8 decoding with 3,000 of its 49,409 tokens, two AMD
-EPYC threads, 1.46x faster at batch 1 and 1.57x at batch 32.
+What it gives (docs/throughput.md, session 27): namc_base's decoding over 3,000 of its 49,409 tokens, two AMD EPYC
+threads, one process alternating with the whole vocabulary, the same ids where the list holds the whole vocabulary's
+picks: int8 1.61-1.66x faster at batch 1 and 1.53-1.55x at batch 32, bf16 1.84x and 1.60x, fp32 2.62x and 1.69x
+(100 tokens: at most 5% more). ``namc benchmark --shortlist N`` gives the CLIP4IDC peer the same list.
 
 What it changes: greedy decoding gives the full vocabulary's ids wherever every step's top token is in the list. In
 int8 the kept rows' logits are the full projection's to the bit (the weights' codes have one scale per row and the
