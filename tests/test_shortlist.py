@@ -5,6 +5,8 @@ int8 or bf16 copy, the static decoder, a compiled step), and the prepared vocabu
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -167,6 +169,10 @@ def test_prepared_rows_are_kept_until_the_matrix_changes():
     twin.pack_step("int8")
     packed = short.head(twin.step_weights()[-1].vocab, twin.tok.weight)
     assert short.head(twin.step_weights()[-1].vocab, twin.tok.weight) is packed  # built once per copy
+    gone = weakref.ref(twin.tok.weight)
+    del twin
+    gc.collect()
+    assert gone() is None  # the list keeps its rows, not the copy's matrices
 
 
 def test_bad_lists_are_refused_with_the_reason():

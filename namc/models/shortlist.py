@@ -25,6 +25,7 @@ the full projection). [EOS] is always in the list.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -48,7 +49,7 @@ class Shortlist:
         eos_id: the [EOS] id, added to the list (a negative id adds nothing).
     """
 
-    _KEEP = 2  # prepared vocabulary heads kept (an inference copy's and the model's own, say)
+    _KEEP = 3  # prepared vocabulary heads kept (one per precision, say)
 
     def __init__(self, ids: Iterable[int] | torch.Tensor, vocab_size: int, eos_id: int) -> None:
         t = ids.detach().cpu() if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.long)
@@ -64,7 +65,7 @@ class Shortlist:
         self.ids = torch.unique(t.long())  # sorted
         self.vocab_size, self.eos_id = vocab_size, eos_id
         self._on: dict[torch.device, torch.Tensor] = {}
-        self._heads: list[tuple[tuple, list, tuple]] = []  # (key, the objects the key names, head)
+        self._heads: list[tuple[tuple, tuple]] = []  # (key: weak references to the entry and matrix, ...; head)
 
     @classmethod
     def from_captions(cls, captions: Iterable[str], tokenizer) -> Shortlist:
@@ -101,9 +102,8 @@ class Shortlist:
             version = weight._version
         except RuntimeError:  # an inference tensor keeps no version: made in inference mode, so never changed since
             version = -1
-        key = (id(entry[0]), id(weight), version, weight.device)
-        for k, _, head in self._heads:
-            if k == key:
+        for (entry_ref, weight_ref, *rest), head in self._heads:
+            if entry_ref() is entry[0] and weight_ref() is weight and rest == [version, weight.device]:
                 return head
         rows = weight.detach().index_select(0, self.index(weight.device))  # (S, D)
         if isinstance(entry[0], nn.Module):  # FDG.pack_step("int8"): the same per-row codes as the full matrix's
@@ -112,5 +112,7 @@ class Shortlist:
             head = (onednn.pack_linear(rows.to(torch.bfloat16)), None)
         else:
             head = (rows.to(entry[0].dtype), None)
-        self._heads = [(key, [entry[0], weight], head), *self._heads][: self._KEEP]
+        # weak references: a list outliving an inference copy keeps none of the copy's matrices alive
+        key = (weakref.ref(entry[0]), weakref.ref(weight), version, weight.device)
+        self._heads = [(key, head), *self._heads][: self._KEEP]
         return head
