@@ -13,30 +13,19 @@ from __future__ import annotations
 
 import argparse
 
+import _eval_split  # tools/_eval_split.py
 import torch
 
-import namc
-from namc.lit.datamodules import BenchmarkDataModule
 from namc.models.precision import PRECISIONS
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a save_pretrained folder")
-    p.add_argument("--root", required=True, help="the benchmark's root")
-    p.add_argument("--benchmark", default="clevr_change")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--split", default="test")
+    _eval_split.add_arguments(p)
     p.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
-    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    model = namc.from_pretrained(args.model).eval()
-    dm = BenchmarkDataModule(args.benchmark, args.root, eval_batch_size=100, num_workers=0,
-                             image_size=args.image_size, tokenizer=args.model)  # fmt: skip
-    short = model.shortlist(dm.vocabulary_texts())
-    dm.setup(args.split)
-    loader = dm.test_dataloader() if args.split == "test" else dm.val_dataloader()
+    model, dm, loader = _eval_split.load(args)
+    short = model.shortlist(dm.vocabulary_texts())  # the training captions' tokens
     same, outside, n = dict.fromkeys(args.precisions, 0), dict.fromkeys(args.precisions, 0), 0
     listed = set(short.ids.tolist()) | {model.fdg.pad_id}
     for batch in loader:
