@@ -100,7 +100,7 @@ class Shortlist:
         from (FDG's tied embedding or ``lm_head``). Kept while ``entry`` and ``weight`` are the same and unchanged."""
         try:
             version = weight._version
-        except RuntimeError:  # an inference tensor keeps no version: made in inference mode, so never changed since
+        except RuntimeError:  # an inference tensor keeps no version counter: a change in place goes unseen
             version = -1
         for (entry_ref, weight_ref, *rest), head in self._heads:
             if entry_ref() is entry[0] and weight_ref() is weight and rest == [version, weight.device]:
