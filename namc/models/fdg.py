@@ -33,7 +33,7 @@ from namc.models.compiled_step import CompiledStep
 from namc.models.layers import Block, KVCache, attend_one
 from namc.models.layers import StepWeights as _StepWeights
 from namc.models.qlinear import int8_linear
-from namc.models.shortlist import Shortlist
+from namc.models.shortlist import Shortlist, greedy_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +133,7 @@ class FDG(nn.Module):
             x = block.cross_attend(x, key_mask=memory_mask, kv=kv)
             x = block.feed_forward(x)
         logits = self.logits(x[:, -1])  # (B, V)
-        return logits if shortlist is None else logits.index_select(1, shortlist.index(logits.device))
+        return logits if shortlist is None else shortlist.columns(logits)
 
     def _fused_step(
         self,
@@ -326,9 +326,7 @@ class FDG(nn.Module):
                 logits = step(tokens[:, 0], t, caches, cross_kv, memory_mask, fused)  # (b, V)
             else:
                 logits = self._step(tokens, t, caches, cross_kv, memory_mask, shortlist=shortlist)  # (b, V)
-            # max(...).indices is argmax with the same first-index tie rule, 4-8x faster on (32, 49409) logits
-            nxt = logits.max(dim=-1).indices
-            nxt = (nxt if shortlist is None else shortlist.to_vocabulary(nxt)).masked_fill(finished, self.pad_id)
+            nxt = greedy_ids(logits, shortlist).masked_fill(finished, self.pad_id)  # (b,)
             out[rows, t] = nxt
             finished |= nxt == self.eos_id
             n_done = int(finished.sum())  # the step's one host synchronisation

@@ -45,7 +45,7 @@ from namc import ops
 from namc.models.fdg import FDG
 from namc.models.layers import KVCache
 from namc.models.precision import _fingerprint
-from namc.models.shortlist import Shortlist
+from namc.models.shortlist import Shortlist, greedy_ids
 
 __all__ = ["StaticDecoder", "StaticKVCache"]
 
@@ -172,8 +172,7 @@ class StaticDecoder:
         for cache in s.caches:
             cache.mask = seen
         logits = fdg._fused_layers(x, s.caches, s.cross_kv, s.memory_mask, self._weights)  # (B, V)
-        nxt = logits.max(dim=-1).indices  # (B,): argmax, first index on ties
-        nxt = (nxt if self.shortlist is None else self.shortlist.to_vocabulary(nxt)).masked_fill(s.finished, fdg.pad_id)
+        nxt = greedy_ids(logits, self.shortlist).masked_fill(s.finished, fdg.pad_id)  # (B,)
         s.out.index_copy_(1, s.position, nxt[:, None])
         s.finished |= nxt == s.eos
         s.tokens.copy_(nxt)

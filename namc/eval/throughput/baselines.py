@@ -19,7 +19,7 @@ import torch
 from namc import ops
 from namc.models.fdg import FDG
 from namc.models.namc import NAMC
-from namc.models.shortlist import Shortlist
+from namc.models.shortlist import Shortlist, greedy_ids
 
 __all__ = ["generate_reference", "generate_uncached"]
 
@@ -52,9 +52,8 @@ def generate_uncached(
     finished = torch.zeros(B, dtype=torch.bool, device=memory.device)
     for t in range(max_new_tokens):
         logits = fdg(tokens, memory, memory_mask)  # (B, t + 1, V): every position projected
-        last = logits[:, -1] if vocabulary is None else logits[:, -1].index_select(1, vocabulary.index(memory.device))
-        nxt = last.argmax(dim=-1)  # (B,)
-        nxt = (nxt if vocabulary is None else vocabulary.to_vocabulary(nxt)).masked_fill(finished, fdg.pad_id)
+        last = logits[:, -1] if vocabulary is None else vocabulary.columns(logits[:, -1])  # (B, V or S)
+        nxt = greedy_ids(last, vocabulary).masked_fill(finished, fdg.pad_id)  # (B,)
         out[:, t] = nxt
         finished |= nxt == fdg.eos_id
         if bool(finished.all()):

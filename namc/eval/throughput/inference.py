@@ -105,7 +105,8 @@ def generated_lengths(ids: torch.Tensor, eos_id: int, max_new_tokens: int, mode:
 def random_shortlist(vocab_size: int, eos_id: int, size: int, seed: int) -> Shortlist:
     """``size`` ids of a ``vocab_size`` vocabulary, [EOS] and ``size - 1`` others drawn with ``seed`` (the whole
     vocabulary where ``size`` reaches it): with random weights which tokens are listed changes no timing."""
-    others = torch.tensor([i for i in range(vocab_size) if i != eos_id])
+    others = torch.arange(vocab_size)
+    others = others[others != eos_id]
     pick = torch.randperm(others.numel(), generator=torch.Generator().manual_seed(seed))[: max(size - 1, 0)]
     return Shortlist(others[pick], vocab_size, eos_id)
 
@@ -125,8 +126,12 @@ def run_inference(
     inference: list[dict[str, Any]] = []
     reference: list[dict[str, Any]] = []
     gen = torch.Generator().manual_seed(settings.seed)
+    short = None  # one list for every batch size: its rows are gathered (and quantised) once
+    if settings.shortlist:  # [EOS] is listed even where the length mode disables it
+        vocab = model.fdg.tok.weight.shape[0]
+        short = random_shortlist(vocab, model.tokenizer.eos_id, settings.shortlist, settings.seed)
     for batch in settings.batch_sizes:
-        entries, refs = _run_batch(model, settings, device, batch, gen, matmul_flops, peer)
+        entries, refs = _run_batch(model, settings, device, batch, gen, matmul_flops, peer, short)
         inference += entries
         reference += refs
     return inference, reference
@@ -139,17 +144,15 @@ def _decoders(
     batch: int,
     gen: torch.Generator,
     peer: CLIP4IDCPeer | None,
+    short: Shortlist | None,
 ) -> tuple[dict[str, Call], dict[str, Call]]:
-    """Random images of ``batch`` pairs; the optimised call of each level and the naive decoders / peer levels."""
+    """Random images of ``batch`` pairs; the optimised call of each level and the naive decoders / peer levels
+    (namc's decoding over ``short`` where the settings ask for a shortlist)."""
     size = model.config.image_size
     pair = torch.rand(2, batch, 3, size, size, generator=gen)  # (2, B, 3, H, W) in [0, 1]
     img1, img2 = (x.to(device, model.fdg.pos.dtype) for x in pair)
     ctx = functools.partial(run_context, settings.precision, device)
     n_new = settings.max_new_tokens
-    short = None
-    if settings.shortlist:  # [EOS] is listed even where the length mode disables it
-        vocab = model.fdg.tok.weight.shape[0]
-        short = random_shortlist(vocab, model.tokenizer.eos_id, settings.shortlist, settings.seed)
     with torch.inference_mode(), ctx():
         grid = model.grid(torch.cat([img1, img2]))  # (2B, N, C)
         grid1, grid2 = grid[:batch], grid[batch:]
@@ -201,8 +204,9 @@ def _run_batch(
     gen: torch.Generator,
     matmul_flops: float | None,
     peer: CLIP4IDCPeer | None,
+    short: Shortlist | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    optimised, naive = _decoders(model, settings, device, batch, gen, peer)
+    optimised, naive = _decoders(model, settings, device, batch, gen, peer, short)
     eos_id = model.tokenizer.eos_id  # the real one: length_mode("fixed") hides it
     entries: list[dict[str, Any]] = []
     refs: list[dict[str, Any]] = []
