@@ -329,14 +329,13 @@ def test_clip4idc_peer_decodes_from_its_memory():
     assert isinstance(tp.peer_at(peer, "int8").head, DynamicLinear)
 
 
-def test_shortlist_run():
+def test_shortlist_run(tmp_path):
     """``--shortlist``: every level decodes over the same random list, the naive decoder too (the same ids), and
     the FLOP count has the list's rows in the vocabulary projection."""
-    settings = tp.BenchmarkSettings(
-        model="namc_tiny", batch_sizes=(2,), repeats=1, warmup=1, gemm_size=64, max_new_tokens=5, threads=1,
-        shortlist=12,
-    )  # fmt: skip
-    report = tp.run_benchmark(settings)
+    out = tmp_path / "report.json"
+    argv = ["--model", "namc_tiny", "--batch-sizes", "2", "--shortlist", "12", "--output", str(out), *QUICK]
+    assert tp.main(argv) == 0
+    report = json.loads(out.read_text())
     assert tp.validate_report(report) == []
     assert report["settings"]["shortlist"] == 12 and report["reference"][0]["tokens_match"]
     shape = fdg_shape(namc.create_model("namc_tiny"))

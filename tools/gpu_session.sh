@@ -12,8 +12,9 @@
 #
 # Settings from the environment: OUT (where figures and logs go: the device's folder that comes back; else
 # ./gpu_out), DEVICE (cuda), DTYPE (bfloat16), WHEEL_DIR (.whl); for bench, BATCH_SIZES ("1 8 64 256 1024"),
-# TRAIN_BATCH_SIZE (64; 0 skips training), NAME (gpu: NAME.json and NAME.log) and BENCH_SECONDS (570, under the
-# device's 10 minutes a command; split the batch sizes over two calls if it runs out). A dry run on a CPU with torch
+# TRAIN_BATCH_SIZE (64; 0 skips training), NAME (gpu: NAME.json and NAME.log), SHORTLIST (0: the whole
+# vocabulary; N: namc and the peer decode over N tokens, `--shortlist`) and BENCH_SECONDS (570, under the device's
+# 10 minutes a command; split the batch sizes over two calls if it runs out). A dry run on a CPU with torch
 # installed, after `wheels`: DEVICE=cpu DTYPE=float32 bash tools/gpu_session.sh check
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,7 @@ WHEEL_DIR=${WHEEL_DIR:-.whl}
 BATCH_SIZES=${BATCH_SIZES:-1 8 64 256 1024}
 TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
 NAME=${NAME:-gpu}
+SHORTLIST=${SHORTLIST:-0}
 BENCH_SECONDS=${BENCH_SECONDS:-570}
 WHEELS=(open_clip_torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.4 taming-transformers-rom1504==0.0.6)
 
@@ -67,7 +69,8 @@ bench)
     # shellcheck disable=SC2086  # BATCH_SIZES is a list
     timeout "$BENCH_SECONDS" python3 -m namc.eval.throughput --model namc_base --device "$DEVICE" \
         --dtype "$DTYPE" --static-decode --reference clip4idc --batch-sizes $BATCH_SIZES \
-        --modes decode e2e --train-batch-size "$TRAIN_BATCH_SIZE" --output "$OUT/$NAME.json" 2>&1 |
+        --modes decode e2e --train-batch-size "$TRAIN_BATCH_SIZE" --shortlist "$SHORTLIST" \
+        --output "$OUT/$NAME.json" 2>&1 |
         tee "$OUT/$NAME.log"
     ;;
 *)
