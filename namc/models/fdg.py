@@ -258,11 +258,7 @@ class FDG(nn.Module):
             for name in _StepWeights.NAMES:
                 weight, bias = getattr(w, name)
                 if id(weight) not in cache:
-                    if precision == "int8":
-                        cache[id(weight)] = (int8_linear(weight, bias),)
-                    else:
-                        bias = None if bias is None else bias.detach().to(torch.bfloat16)
-                        cache[id(weight)] = (onednn.pack_linear(weight.detach().to(torch.bfloat16)), bias)
+                    cache[id(weight)] = _StepWeights.packed(weight, bias, precision)
                 setattr(w, name, cache[id(weight)])
         if precision == "int8":
             for block in self.blocks:

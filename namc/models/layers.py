@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from namc.models import onednn
+from namc.models.qlinear import int8_linear
+
 
 class KVCache:
     """Pre-allocated key/value buffers of one self-attention layer for incremental decoding.
@@ -285,3 +288,12 @@ class StepWeights:
         qkv = (torch.cat([s.q.weight, s.kv.weight]), torch.cat([s.q.bias, s.kv.bias]))
         pairs = [(m.weight, m.bias) for m in (s.out, c.q, c.out, f_in, f_out)]
         return cls(qkv, *pairs, vocab)
+
+    @staticmethod
+    def packed(weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> tuple:
+        """One matrix in the form :meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>` keeps: ``"int8"`` a
+        dynamic int8 layer ``(layer,)``, ``"bf16"`` bf16 weights reordered once for oneDNN ``(matrix, bias)``."""
+        if precision == "int8":
+            return (int8_linear(weight, bias),)
+        bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        return (onednn.pack_linear(weight.detach().to(torch.bfloat16)), bias)

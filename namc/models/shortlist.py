@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from namc.models import onednn
-from namc.models.qlinear import int8_linear
+from namc.models.layers import StepWeights
 
 __all__ = ["Shortlist", "greedy_ids"]
 
@@ -111,9 +111,9 @@ class Shortlist:
                 return head
         rows = weight.detach().index_select(0, self.index(weight.device))  # (S, D)
         if isinstance(entry[0], nn.Module):  # FDG.pack_step("int8"): the same per-row codes as the full matrix's
-            head = (int8_linear(rows.float(), None),)
+            head = StepWeights.packed(rows, None, "int8")
         elif onednn.is_packed(entry[0]):  # FDG.pack_step("bf16")
-            head = (onednn.pack_linear(rows.to(torch.bfloat16)), None)
+            head = StepWeights.packed(rows, None, "bf16")
         else:
             head = (rows.to(entry[0].dtype), None)
         # weak references: a list outliving an inference copy keeps none of the copy's matrices alive
