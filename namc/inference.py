@@ -79,8 +79,9 @@ def describe(
             calibrated the model, or its saved folder carries a calibration, else fp32); see
             :mod:`namc.models.precision` for speed and agreement with fp32.
         vocabulary: the only tokens to write (a :class:`~namc.models.shortlist.Shortlist`, e.g.
-            ``model.shortlist(captions)`` of the captions the model was fine-tuned on, or token ids); decoding then
-            projects onto those rows of the vocabulary only. None (default): the whole vocabulary.
+            ``model.shortlist(captions)`` of the captions the model was fine-tuned on, a fine-tuned model's
+            ``model.training_shortlist``, or token ids); decoding then projects onto those rows of the vocabulary
+            only. None (default): the whole vocabulary.
 
     Returns:
         one caption, or a list of captions when lists were given.
@@ -181,11 +182,18 @@ def _parser() -> argparse.ArgumentParser:
         "int8 (CPU only: dynamic int8 linear layers; the ResNet grid in static int8 where the model folder has an "
         "int8_calibration.json, written by save_pretrained after model.calibrate_int8)",
     )
-    parser.add_argument(
+    words = parser.add_mutually_exclusive_group()
+    words.add_argument(
         "--vocabulary",
         metavar="CAPTIONS.txt",
         help="write only the tokens of these captions (a UTF-8 file, one per line: say, the captions the model was "
         "fine-tuned on); decoding then projects onto those tokens only, faster (namc.models.shortlist)",
+    )
+    words.add_argument(
+        "--shortlist",
+        action="store_true",
+        help="write only the tokens of the captions the model was fine-tuned on (its shortlist.json, which `namc "
+        "fit` with FinetuneModule saves); faster decoding, as --vocabulary",
     )
     parser.add_argument(
         "--max-image-pixels",
@@ -220,6 +228,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.precision == "int8" and args.device.type != "cpu":
             parser.error(f"argument --precision: int8 runs on a CPU only, not on {args.device}")
         vocabulary = None if args.vocabulary is None else model.shortlist(read_captions(args.vocabulary))
+        if args.shortlist:
+            if model.training_shortlist is None:
+                return _error(f"--shortlist: {args.model} has no training shortlist (shortlist.json, which "
+                              "fine-tuning saves): pass --vocabulary CAPTIONS.txt instead", 2)  # fmt: skip
+            vocabulary = model.training_shortlist
         caption = describe(
             model, args.image1, args.image2, args.beams, args.max_new_tokens, max_image_pixels=args.max_image_pixels,
             precision=args.precision, vocabulary=vocabulary,

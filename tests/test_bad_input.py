@@ -567,6 +567,18 @@ def _describe_case(case: str, saved: Path, pair: tuple[Path, Path], tmp: Path) -
     if case == "vocabulary_blank":
         (tmp / "v.txt").write_text("\n  \n")
         return [a, b, "--model", model, "--vocabulary", str(tmp / "v.txt")], 1, "v.txt: no captions"
+    if case == "shortlist_none_saved":
+        return [a, b, "--model", model, "--shortlist"], 2, "has no training shortlist (shortlist.json"
+    if case == "shortlist_and_vocabulary":
+        (tmp / "v.txt").write_text("a red cube\n")
+        argv = [a, b, "--model", model, "--shortlist", "--vocabulary", str(tmp / "v.txt")]
+        return argv, 2, "argument --vocabulary: not allowed with argument --shortlist"
+    if case == "shortlist_tampered":
+        net = load_model(folder)
+        net.training_shortlist = net.shortlist(["a red cube"])
+        net.save_pretrained(folder)
+        (folder / "shortlist.json").write_text((folder / "shortlist.json").read_text().replace("[", "[7, ", 1))
+        return [a, b, "--model", str(folder), "--shortlist"], 1, "shortlist.json does not match the SHA-256"
     raise AssertionError(case)
 
 
@@ -574,7 +586,8 @@ DESCRIBE_CASES = [
     "image_is_a_directory", "image_missing", "image_corrupt", "image_oversized", "model_preset_name", "model_missing",
     "model_of_another_preset", "weights_truncated", "config_syntax_error", "pickle_checkpoint",
     "max_new_tokens_negative", "max_new_tokens_over_the_model", "beams_zero", "device_cuda_without_gpu",
-    "device_unknown", "vocabulary_missing", "vocabulary_not_utf8", "vocabulary_blank",
+    "device_unknown", "vocabulary_missing", "vocabulary_not_utf8", "vocabulary_blank", "shortlist_none_saved",
+    "shortlist_and_vocabulary", "shortlist_tampered",
 ]  # fmt: skip
 
 

@@ -12,7 +12,7 @@ import yaml
 from namc.cli import main
 from namc.data.synthetic import generate_benchmark, make_pair, render_scene
 from namc.lit.cli import NAMCCLI, link_tokenizer, model_settings
-from namc.models import create_model
+from namc.models import create_model, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*/*.yaml"))
@@ -115,6 +115,13 @@ def test_describe_captions_two_image_files(tmp_path: Path, capsys: pytest.Captur
     assert main([*argv, "--vocabulary", str(tmp_path / "captions.txt")]) == 0
     listed = capsys.readouterr().out.strip().split()
     assert set(listed) <= {"the", "cube", "moved", "sphere", "is", "gone"}, listed
+    # the model's own list (fine-tuning saves its training captions' tokens)
+    model = load_model(model_dir)
+    model.training_shortlist = model.shortlist(["a red sphere appeared"])
+    model.save_pretrained(model_dir)
+    assert main([*argv, "--shortlist"]) == 0
+    listed = capsys.readouterr().out.strip().split()
+    assert set(listed) <= {"a", "red", "sphere", "appeared"} and not set(caption.split()) <= set(listed), listed
 
 
 def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:

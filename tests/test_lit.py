@@ -284,6 +284,44 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
         assert own is None if pairs == 0 else own not in (None, saved)
 
 
+def test_a_fine_tuned_model_keeps_its_training_shortlist(shapes: dict, pretrained_ckpt: dict, tmp_path) -> None:
+    path = str(pretrained_ckpt["path"])
+    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
+                             tokenizer=path, max_caption_len=64)  # fmt: skip
+    stale = load_model(path, pretraining=False)
+    stale.training_shortlist = stale.shortlist(["a b c"])  # a folder fine-tuned on other data brings its own list
+    folder = stale.save_pretrained(tmp_path / "stale")
+    module = FinetuneModule(pretrained=str(folder), tokenizer=dm.caption_tokenizer, cache_grids=True)
+    assert module.model.training_shortlist is not None
+    best = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/cider", mode="max")
+    trainer = _trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
+                       callbacks=[best, ExportModel(dirpath=str(tmp_path / "model"))])  # fmt: skip
+    trainer.fit(module, datamodule=dm)
+    want = module.model.shortlist(dm.vocabulary_texts()).ids.tolist()  # this data's training captions
+    assert module.model.training_shortlist.ids.tolist() == want and len(want) > 10
+    assert best.best_model_path  # the export below went through the best checkpoint
+    for saved in (load_model(best.best_model_path), NAMC.from_pretrained(tmp_path / "model")):
+        assert saved.training_shortlist.ids.tolist() == want
+    files = json.loads((tmp_path / "model" / "config.json").read_text())["files"]
+    assert "shortlist.json" in files  # recorded with its digest
+
+    # generation over it when asked; a model without one (a pre-training checkpoint) builds it from the training
+    # captions
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    for folder in (tmp_path / "model", path):
+        module = FinetuneModule(pretrained=str(folder), tokenizer=dm.caption_tokenizer, inference_shortlist=True)
+        _trainer(fast_dev_run=True).test(module, datamodule=dm, verbose=False)
+        short = module.model.training_shortlist
+        assert short.ids.tolist() == want
+        ids = module._generate_ids(batch)
+        assert torch.equal(ids, module.model.generate_ids(batch["image1"], batch["image2"], 23, vocabulary=short))
+        assert set(ids.flatten().tolist()) <= set(want) | {module.model.fdg.pad_id}
+    module = FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, inference_shortlist=True)
+    with pytest.raises(ValueError, match="no training_shortlist and the datamodule no training captions"):
+        module.setup("test")  # no trainer, so no datamodule
+
+
 def test_finetune_can_train_the_grid_encoder(shapes: dict, pretrained_ckpt: dict) -> None:
     path = str(pretrained_ckpt["path"])
     dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,

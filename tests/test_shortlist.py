@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
+import pickle
+import re
 import weakref
 
 import pytest
@@ -15,7 +18,8 @@ import namc
 from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
 from namc.models.fdg import FDG, FDGConfig
-from namc.models.shortlist import Shortlist
+from namc.models.files import ConfigError
+from namc.models.shortlist import SHORTLIST_FILE, Shortlist
 from namc.models.static_decode import StaticDecoder
 
 V, D, EOS, PAD = 300, 32, 2, 0
@@ -198,3 +202,48 @@ def test_a_models_captions_make_its_shortlist():
         assert set(caption.split()) <= set(words)
     with pytest.raises(ValueError, match="no tokens"):
         model.shortlist(["", "  "])
+
+
+def test_a_saved_model_keeps_its_training_shortlist(tmp_path, caplog: pytest.LogCaptureFixture):
+    torch.manual_seed(0)
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    assert model.training_shortlist is None
+    model.save_pretrained(tmp_path / "none")
+    assert not (tmp_path / "none" / SHORTLIST_FILE).exists()
+    model.training_shortlist = model.shortlist(["the red cube moved", "a sphere appeared"])
+    folder = model.save_pretrained(tmp_path / "m")
+    again = namc.NAMC.from_pretrained(folder)
+    assert again.training_shortlist.ids.tolist() == model.training_shortlist.ids.tolist()
+    model.training_shortlist = None
+    model.save_pretrained(folder)  # a save without a list removes the earlier one
+    assert not (folder / SHORTLIST_FILE).exists()
+
+    # copies share it (inference copies, deepcopy); a pickle carries the ids, not the prepared rows
+    short = again.training_shortlist
+    assert copy.deepcopy(again).training_shortlist is short
+    again.generate(*torch.rand(2, 1, 3, 64, 64), precision="int8", vocabulary=short)
+    assert short._heads
+    clone = pickle.loads(pickle.dumps(short))
+    assert clone.ids.tolist() == short.ids.tolist() and not clone._heads
+
+    # a damaged or foreign file: one error naming it (the digest check first, the content unchecked files)
+    data = short.to_dict()
+    bad = folder / SHORTLIST_FILE
+    cases = [
+        ({**data, "format": "x"}, "not a namc shortlist"),
+        ({**data, "ids": [1, "2"]}, "'ids' must be a list of integer token ids"),
+        ({**data, "vocab_size": 49409}, f"made for a vocabulary of 49409 ids; this model's has {data['vocab_size']}"),
+        ({**data, "ids": [data["vocab_size"]]}, "is outside the vocabulary"),
+    ]
+    for content, message in cases:
+        bad.write_text(json.dumps(content))
+        with pytest.raises(ConfigError, match=re.escape(f"{bad}: ") + ".*" + re.escape(message)):
+            namc.NAMC.from_pretrained(folder, verify=False)
+    bad.write_bytes(b'{"ids": [\xff]}')
+    with pytest.raises(ConfigError, match=re.escape(f"{bad}: not UTF-8")):
+        namc.NAMC.from_pretrained(folder, verify=False)
+    with caplog.at_level("WARNING"):  # a list config.json does not record (copied in after the save) is ignored
+        assert namc.NAMC.from_pretrained(tmp_path / "none").training_shortlist is None
+        bad.rename(tmp_path / "none" / SHORTLIST_FILE)
+        assert namc.NAMC.from_pretrained(tmp_path / "none").training_shortlist is None
+    assert "shortlist.json is not recorded in config.json: ignored" in caplog.text

@@ -46,6 +46,11 @@ class FinetuneModule(NAMCModule):
             predict captions are generated in (:mod:`namc.models.precision`; losses and training stay as the
             Trainer's ``precision`` says). With ``namc eval --compare`` this measures what a precision changes:
             ``namc test ... --model.init_args.inference_precision bf16``.
+        inference_shortlist: generate the validation, test and predict captions over ``model.training_shortlist``
+            (the tokens of the training captions, :mod:`namc.models.shortlist`): faster decoding for a large (BPE)
+            vocabulary; ``namc eval --compare`` against a run without it measures what it changes. Fitting always
+            records the list (the exported model keeps it, ``shortlist.json``); a test or predict run over a model
+            without one builds it from the datamodule's training captions.
         int8_calibration_pairs: with ``int8``, the first this many pairs of the datamodule's training split (both
             images of each) calibrate the static int8 grid (:func:`namc.models.precision.calibrate_int8`) before the
             first int8 captions, and again whenever the grid's weights changed (a trainable grid), replacing a
@@ -73,6 +78,7 @@ class FinetuneModule(NAMCModule):
         max_new_tokens: int = 23,
         num_beams: int = 1,
         inference_precision: str = "fp32",
+        inference_shortlist: bool = False,
         int8_calibration_pairs: int = 64,
         cache_grids: bool = False,
         grid_trainable: bool | None = None,
@@ -122,6 +128,18 @@ class FinetuneModule(NAMCModule):
 
     # -------------------------------------------------------------------------------------------- data
 
+    def setup(self, stage: str) -> None:
+        texts = getattr(self._datamodule(), "vocabulary_texts", None)  # a benchmark's training captions
+        if stage == "fit":  # this data's list, never one a pretrained folder brought from another fine-tuning
+            self.model.training_shortlist = None
+        if self.model.training_shortlist is None and (stage == "fit" or self.hparams.inference_shortlist):
+            if texts is not None:
+                self.model.training_shortlist = self.model.shortlist(texts())
+                logger.info("training shortlist: %s", self.model.training_shortlist)
+            elif self.hparams.inference_shortlist:
+                raise ValueError("inference_shortlist: the model has no training_shortlist and the datamodule no "
+                                 "training captions to build one from")  # fmt: skip
+
     def _grids_of(self, batch: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Memoised (B, N, C) grids of both images when ``cache_grids`` is on, else (None, None)."""
         if not self.hparams.cache_grids:
@@ -151,8 +169,9 @@ class FinetuneModule(NAMCModule):
                 self._int8_peaks = int8_calibration(self.model)
         grid1, grid2 = self._grids_of(batch) if h.inference_precision == "fp32" else (None, None)
         return self.model.generate_ids(
-            batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, grid1, grid2, h.inference_precision
-        )
+            batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, grid1, grid2, h.inference_precision,
+            vocabulary=self.model.training_shortlist if h.inference_shortlist else None,
+        )  # fmt: skip
 
     def _calibrate_int8(self, pairs: int) -> None:
         """Calibrate the static int8 grid on the first ``pairs`` readable pairs of the training split, in dataset

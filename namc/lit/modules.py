@@ -241,6 +241,8 @@ class NAMCModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[NAMC_KEY] = checkpoint_entry(self.model.config, self.model.tokenizer, __version__)
+        if self.model.training_shortlist is not None:  # a fine-tuned model's training captions' tokens (load_model)
+            checkpoint[NAMC_KEY]["shortlist"] = self.model.training_shortlist.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         entry = checkpoint.get(NAMC_KEY)

@@ -49,7 +49,7 @@ from namc.models.precision import (
     precision_context,
     save_int8_calibration,
 )
-from namc.models.shortlist import Shortlist
+from namc.models.shortlist import SHORTLIST_FILE, Shortlist, load_shortlist, save_shortlist
 from namc.models.vqgan import VQGANTokenizer
 from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 
@@ -110,6 +110,9 @@ class NAMC(nn.Module):
             dropout=c.dropout, tie_embeddings=c.tie_embeddings,
         )  # fmt: skip
         self.fdg = FDG(fdg)
+        # the tokens of the captions the model was fine-tuned on (FinetuneModule; kept by save_pretrained and
+        # checkpoints): pass it as ``vocabulary=`` to decode over it (namc.models.shortlist); None: no list
+        self.training_shortlist: Shortlist | None = None
 
     # ------------------------------------------------------------------------------------------ parameters
 
@@ -288,8 +291,9 @@ class NAMC(nn.Module):
             max_new_tokens: at most this many generated tokens (default ``config.max_new_tokens``, 23).
             num_beams: 1 for greedy (the paper); more for beam search.
             precision: ``fp32`` (default), ``bf16`` or ``int8`` (CPU only) (:mod:`namc.models.precision`).
-            vocabulary: the only tokens to write, e.g. ``model.shortlist(training_captions)``
-                (:mod:`namc.models.shortlist`); None (default): the whole vocabulary.
+            vocabulary: the only tokens to write, e.g. ``model.shortlist(training_captions)`` or a fine-tuned
+                model's ``model.training_shortlist`` (:mod:`namc.models.shortlist`); None (default): the whole
+                vocabulary.
 
         Returns:
             one caption per pair.
@@ -303,7 +307,8 @@ class NAMC(nn.Module):
 
     def save_pretrained(self, directory: str | Path, card: Mapping[str, Any] | None = None) -> Path:
         """Write a complete model folder: ``model.safetensors``, the tokenizer files, ``config.json``, a model
-        card ``README.md`` and, where :meth:`calibrate_int8` calibrated the grid, ``int8_calibration.json``.
+        card ``README.md``, where :meth:`calibrate_int8` calibrated the grid ``int8_calibration.json``, and where
+        the model has a ``training_shortlist`` ``shortlist.json``.
 
         ``config.json`` records the size and SHA-256 of every other file the model is rebuilt from
         (:mod:`namc.models.files`), so :meth:`from_pretrained` notices a damaged or replaced file; it is written
@@ -327,7 +332,8 @@ class NAMC(nn.Module):
         self.tokenizer.save(directory)
         bpe = json.loads((directory / TOKENIZER_FILE).read_text()).get("bpe")  # a CLIP BPE copies its vocabulary
         calibration = save_int8_calibration(self, directory)  # the static int8 grid's scales, where calibrated
-        extra = [name for name in (bpe, calibration) if isinstance(name, str)]
+        shortlist = save_shortlist(self.training_shortlist, directory)
+        extra = [name for name in (bpe, calibration, shortlist) if isinstance(name, str)]
         files = record_files(directory, [WEIGHTS_FILE, TOKENIZER_FILE, *extra])
         write_config(directory, cfg, __version__, files)
         tokenizer = f"{cfg.tokenizer}, {self.tokenizer.vocab_size} ids"
@@ -366,8 +372,12 @@ class NAMC(nn.Module):
         sd = load_state_dict(directory / WEIGHTS_FILE, hint="the model.safetensors written by save_pretrained")
         load_strict(model, sd, what=f"NAMC weights from {directory}")
         model = model.to(map_location).eval()
-        if checked and CALIBRATION_FILE not in checked and (directory / CALIBRATION_FILE).exists():
-            logger.warning("%s: %s is not recorded in config.json: ignored", directory, CALIBRATION_FILE)
-        elif torch.device(map_location).type == "cpu":  # int8 runs on a CPU only
+        unrecorded = [name for name in (CALIBRATION_FILE, SHORTLIST_FILE)
+                      if checked and name not in checked and (directory / name).exists()]  # fmt: skip
+        for name in unrecorded:
+            logger.warning("%s: %s is not recorded in config.json: ignored", directory, name)
+        if CALIBRATION_FILE not in unrecorded and torch.device(map_location).type == "cpu":  # int8: CPU only
             load_int8_calibration(model, directory)
+        if SHORTLIST_FILE not in unrecorded:
+            model.training_shortlist = load_shortlist(directory, model.tokenizer)
         return model

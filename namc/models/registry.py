@@ -15,6 +15,7 @@ from namc.models.config import NAMCConfig
 from namc.models.hub import is_hub_id, resolve_model_path
 from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint
 from namc.models.namc import NAMC
+from namc.models.shortlist import Shortlist
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer, tokenizer_from_dict
 from namc.text.vocab import default_word_texts
 
@@ -103,6 +104,8 @@ def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
         config = NAMCConfig.from_dict({**entry["config"], **dict.fromkeys(_PART_PATHS)})
         model = NAMC(config, tokenizer_from_dict(entry["tokenizer"], where=str(path)))
         load_strict(model, checkpoint_state_dict(ckpt), what=f"NAMC weights from {path}")
+        if "shortlist" in entry:  # a fine-tuning checkpoint: its training captions' tokens
+            model.training_shortlist = Shortlist.from_dict(entry["shortlist"], model.tokenizer, f"{path}: shortlist")
     if pretraining is False and model.config.pretraining:
         model.drop_pretraining_modules()
     logger.info("loaded %s from %s", model.config.name, f"{spec} ({path})" if is_hub_id(spec) else path)

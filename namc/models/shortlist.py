@@ -21,20 +21,33 @@ int8 the kept rows' logits are the full projection's to the bit (the weights' co
 activations' one scale per call); in fp32 and bf16 a product over fewer rows may round its last bit differently. Beam
 search ranks hypotheses by log-probabilities normalised over the list, not over the full vocabulary (which would need
 the full projection). [EOS] is always in the list.
+
+A fine-tuned model keeps its list: :class:`~namc.lit.finetune.FinetuneModule` sets ``model.training_shortlist`` to
+the tokens of the benchmark's training captions, Lightning checkpoints carry it and ``save_pretrained`` writes it to
+:data:`SHORTLIST_FILE` (UTF-8 JSON ``{"format": "namc-shortlist/1", "vocab_size": V, "ids": [...]}``, recorded in
+``config.json`` with its SHA-256 like the weights). Decoding never uses it unasked: ``generate(...,
+vocabulary=model.training_shortlist)``, ``namc describe --shortlist``, ``FinetuneModule(inference_shortlist=True)``.
 """
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from namc.models import onednn
+from namc.models.files import ConfigError, atomic_write_text, read_json
 from namc.models.layers import StepWeights
 
-__all__ = ["Shortlist", "greedy_ids"]
+__all__ = ["SHORTLIST_FILE", "Shortlist", "greedy_ids", "load_shortlist", "save_shortlist"]
+
+SHORTLIST_FILE = "shortlist.json"  # a fine-tuned model's training-caption tokens (save_pretrained)
+_FORMAT = "namc-shortlist/1"
 
 
 class Shortlist:
@@ -77,6 +90,32 @@ class Shortlist:
         if not ids:
             raise ValueError("no tokens in the captions given for the shortlist")
         return cls(sorted(ids), tokenizer.vocab_size, tokenizer.eos_id)
+
+    def __deepcopy__(self, memo: dict) -> Shortlist:
+        return self  # immutable ids; its prepared heads are keyed by the matrices they came from: copies share it
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled (a process spawned with the model): the ids only
+        return {**self.__dict__, "_on": {}, "_heads": []}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (``format``, ``vocab_size``, ``ids``): :data:`SHORTLIST_FILE`'s content and a checkpoint's."""
+        return {"format": _FORMAT, "vocab_size": self.vocab_size, "ids": self.ids.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: Any, tokenizer, source: str) -> Shortlist:
+        """The list :meth:`to_dict` wrote, for a model with ``tokenizer``; ValueError naming ``source`` when it is
+        not one, or was made for another vocabulary."""
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ValueError(f'{source}: not a namc shortlist (want {{"format": "{_FORMAT}", ...}})')
+        ids, size = data.get("ids"), data.get("vocab_size")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"{source}: 'ids' must be a list of integer token ids")
+        if size != tokenizer.vocab_size:
+            raise ValueError(f"{source}: made for a vocabulary of {size} ids; this model's has {tokenizer.vocab_size}")
+        try:
+            return cls(ids, size, tokenizer.eos_id)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err}") from None
 
     def __len__(self) -> int:
         return self.ids.numel()
@@ -129,3 +168,29 @@ def greedy_ids(logits: torch.Tensor, shortlist: Shortlist | None = None) -> torc
     than ``argmax`` on (32, 49409) logits."""
     picks = logits.max(dim=-1).indices
     return picks if shortlist is None else shortlist.to_vocabulary(picks)
+
+
+def save_shortlist(shortlist: Shortlist | None, directory: Path) -> str | None:
+    """Write ``shortlist`` to ``directory`` / :data:`SHORTLIST_FILE` and return the file's name; None removes a
+    stale file an earlier save left there and returns None."""
+    path = directory / SHORTLIST_FILE
+    if shortlist is None:
+        path.unlink(missing_ok=True)
+        return None
+    atomic_write_text(path, json.dumps(shortlist.to_dict()) + "\n")
+    return SHORTLIST_FILE
+
+
+def load_shortlist(directory: Path, tokenizer) -> Shortlist | None:
+    """The list :func:`save_shortlist` wrote to ``directory`` for a model with ``tokenizer``, or None.
+
+    Raises:
+        ConfigError: the file is not UTF-8 JSON, not a namc shortlist, or does not fit the tokenizer.
+    """
+    path = directory / SHORTLIST_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Shortlist.from_dict(read_json(path), tokenizer, str(path))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
