@@ -1,9 +1,10 @@
 """What a shortlist of the training captions' tokens changes: test captions with it against without, per precision.
 
 For every test pair of a benchmark, decodes greedily over the whole vocabulary and over the shortlist of the
-benchmark's training captions (:meth:`NAMC.shortlist <namc.models.namc.NAMC.shortlist>`), in each precision, and
-prints the shortlist's size and the share of identical captions (a caption differs only where a step's top token is
-not in the list, or, in fp32 and bf16, where a product over fewer rows rounds a near-tie the other way).
+benchmark's training captions (the model's ``training_shortlist``, else :meth:`NAMC.shortlist
+<namc.models.namc.NAMC.shortlist>` of the datamodule's), in each precision, and prints the shortlist's size and the
+share of identical captions (a caption differs only where a step's top token is not in the list, or, in fp32 and
+bf16, where a product over fewer rows rounds a near-tie the other way).
 
     OMP_WAIT_POLICY=PASSIVE python tools/shortlist_agreement.py --model runs/demo/runs/finetune/model \\
         --root runs/demo/data/clevr_change --image-size 64
@@ -25,7 +26,7 @@ def main() -> None:
     p.add_argument("--precisions", nargs="+", default=list(PRECISIONS))
     args = p.parse_args()
     model, dm, loader = _eval_split.load(args)
-    short = model.shortlist(dm.vocabulary_texts())  # the training captions' tokens
+    short = model.training_shortlist or model.shortlist(dm.vocabulary_texts())  # the training captions' tokens
     same, outside, n = dict.fromkeys(args.precisions, 0), dict.fromkeys(args.precisions, 0), 0
     listed = set(short.ids.tolist()) | {model.fdg.pad_id}
     for batch in loader:
