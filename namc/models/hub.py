@@ -2,7 +2,8 @@
 :func:`push_to_hub`.
 
 A namc model repo on the Hub holds what :meth:`NAMC.save_pretrained` writes (``config.json``,
-``model.safetensors``, ``tokenizer.json``, the BPE vocabulary of CLIP-tokenizer models, ``README.md``).
+``model.safetensors``, ``tokenizer.json``, the BPE vocabulary of CLIP-tokenizer models, ``README.md``, and where
+saved ``int8_calibration.json`` and ``shortlist.json``).
 :func:`resolve_model_path` turns a Hub id into the folder of that snapshot with ``huggingface_hub.snapshot_download``
 (only those files, never a pickle), so every loader that takes a folder takes a Hub id too::
 
