@@ -347,6 +347,21 @@ def test_finetune_refuses_a_foreign_tokenizer(shapes: dict, pretrained_ckpt: dic
         FinetuneModule(pretrained=str(pretrained_ckpt["path"]), tokenizer=dm.caption_tokenizer)
 
 
+def test_the_tokenizer_kind_can_be_an_override(shapes: dict) -> None:
+    # `overrides: {tokenizer: clip_bpe}` is how a config picks CLIP's BPE for a word preset (the CLI links the
+    # datamodule's tokenizer to it); the datamodule's tokenizer must then be of that kind
+    bpe = BenchmarkDataModule("clevr_change", shapes["bench"], num_workers=0, image_size=64, tokenizer="clip_bpe")
+    word = BenchmarkDataModule("clevr_change", shapes["bench"], num_workers=0, image_size=64)
+    for tokenizer in (bpe.caption_tokenizer, None):
+        for module in (
+            FinetuneModule(tokenizer=tokenizer, overrides={**TINY, "tokenizer": "clip_bpe"}),
+            PretrainModule(tokenizer=tokenizer, overrides={**TINY, "tokenizer": "clip_bpe"}),
+        ):
+            assert module.model.config.tokenizer == "clip_bpe" and module.model.config.vocab_size == 49409
+    with pytest.raises(ValueError, match="overrides.tokenizer is 'clip_bpe', but the tokenizer given is a 'word' one"):
+        FinetuneModule(tokenizer=word.caption_tokenizer, overrides={"tokenizer": "clip_bpe"})
+
+
 def test_pair_list_errors_name_file_and_line(tmp_path) -> None:
     render_scene([], 64).save(tmp_path / "a.png")
     bad = tmp_path / "bad.txt"

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, caption_evaluator
+from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, _tokenizer_arg, caption_evaluator
 from namc.models import create_model, load_model
 from namc.models.precision import calibrate_int8, check_precision, int8_calibration, set_int8_calibration
 from namc.objectives import FINETUNE_LR, finetune_step
@@ -105,7 +105,8 @@ class FinetuneModule(NAMCModule):
         else:
             overrides = dict(overrides or {})
             _check_part_files(overrides)
-            net = create_model(model, tokenizer=tokenizer, **{"pretraining": False, **overrides})
+            tokenizer_arg = _tokenizer_arg(tokenizer, overrides)
+            net = create_model(model, tokenizer=tokenizer_arg, **{"pretraining": False, **overrides})
             if net.config.pretraining:
                 net.drop_pretraining_modules()
         if grid_trainable is not None and grid_trainable != net.config.grid_trainable:

@@ -12,7 +12,7 @@ import torch
 
 from namc.data.corpus.targets import check_targets
 from namc.eval.noise import auroc, noise_scores
-from namc.lit.modules import NAMCModule, _check_part_files, _memoised, _mix
+from namc.lit.modules import NAMCModule, _check_part_files, _memoised, _mix, _tokenizer_arg
 from namc.models import create_model
 from namc.models.files import file_digest
 from namc.objectives import PRETRAIN_LR, pretrain_step
@@ -105,7 +105,7 @@ class PretrainModule(NAMCModule):
         if overrides.get("pretraining") is False:
             raise ValueError("pre-training needs pretraining=True")
         _check_part_files(overrides)
-        self.model = create_model(model, tokenizer=tokenizer, **switches, **overrides)
+        self.model = create_model(model, tokenizer=_tokenizer_arg(tokenizer, overrides), **switches, **overrides)
         self._check_grid_cache(cache_grids)
         self._codes: dict[str, torch.Tensor] = {}
         self._val_scores: list[torch.Tensor] = []

@@ -52,7 +52,7 @@ def model_config(name: str, **overrides: Any) -> NAMCConfig:
 
 
 def create_model(
-    name: str, pretrained: str | Path | None = None, tokenizer: CaptionTokenizer | None = None, **overrides: Any
+    name: str, pretrained: str | Path | None = None, tokenizer: CaptionTokenizer | str | None = None, **overrides: Any
 ) -> NAMC:
     """Build a NAMC model.
 
@@ -62,8 +62,9 @@ def create_model(
             ``hf-hub:org/name[@revision]`` of such a folder, or a namc Lightning ``.ckpt``; its config and tokenizer
             win over the preset. Pretrained CLIP / ResNet / VQGAN parts are set with the ``clip_pretrained``,
             ``grid_pretrained`` and ``vqgan_pretrained`` overrides (local files).
-        tokenizer: the caption tokenizer; by default CLIP's BPE (+[MASK]) for ``tokenizer="clip_bpe"`` presets and
-            a small CLEVR-style word vocabulary for ``tokenizer="word"`` presets.
+        tokenizer: the caption tokenizer, or its kind (the config's ``tokenizer``, ``"clip_bpe"`` or ``"word"``);
+            by default the preset's kind: CLIP's BPE (+[MASK]) for ``clip_bpe``, a small CLEVR-style word
+            vocabulary for ``word``.
         **overrides: :class:`NAMCConfig` fields.
 
     Returns:
@@ -73,6 +74,8 @@ def create_model(
         if overrides or tokenizer is not None:
             raise ValueError("a pretrained folder fixes the config and tokenizer: no overrides with pretrained=")
         return load_model(pretrained).eval()
+    if isinstance(tokenizer, str):  # a kind
+        overrides, tokenizer = {**overrides, "tokenizer": tokenizer}, None
     cfg = model_config(name, **overrides)
     if tokenizer is None:
         tokenizer = ClipBPETokenizer() if cfg.tokenizer == "clip_bpe" else WordTokenizer.build(default_word_texts())
