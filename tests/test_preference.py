@@ -248,7 +248,8 @@ def test_namc_fit_preference_config_runs_and_saves_the_reference_once(world: dic
     assert len(state["namc_preference"]["reference_sha256"]) == 64
     exported = load_model(tmp_path / "runs" / "preference_shapes" / "model")  # strict load of the trained policy
     assert exported.config.name == "namc_tiny"
-    load_model(ckpt)  # the .ckpt loads strictly as a NAMC too
+    assert load_model(ckpt).training_shortlist.ids.tolist() == exported.training_shortlist.ids.tolist()  # strict
+    assert len(exported.training_shortlist) > 5  # this data's training captions' tokens, kept by both
 
 
 @pytest.mark.slow  # two spawned processes: about 20 s alone (the single-process tests above cover the step)

@@ -154,6 +154,7 @@ class PreferenceModule(FinetuneModule):
     # -------------------------------------------------------------------------------------------- data
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)  # the training shortlist of this data
         if stage != "fit" or self.pool is not None:
             return
         dm = self._datamodule()
