@@ -85,7 +85,7 @@ class Shortlist:
         """The tokens of ``captions`` under ``tokenizer`` (a model's :class:`~namc.text.tokenizer.CaptionTokenizer`),
         e.g. a benchmark's training captions, plus [EOS]."""
         ids: set[int] = set()
-        for caption in captions:
+        for caption in set(captions):  # a benchmark's captions repeat (templates): each distinct one once
             ids.update(tokenizer.encode(caption))
         if not ids:
             raise ValueError("no tokens in the captions given for the shortlist")
