@@ -44,7 +44,7 @@ from namc._version import __version__
 from namc.models.io import NAMC_KEY, checkpoint_entry
 from namc.models.namc import NAMC
 from namc.objectives.optim import adam_with_cosine
-from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, same_tokenizer, tokenizer_from_dict
+from namc.text.tokenizer import CaptionTokenizer, same_tokenizer, tokenizer_from_dict
 
 __all__ = ["NAMCModule", "caption_evaluator"]
 
@@ -115,10 +115,9 @@ def _tokenizer_arg(tokenizer: CaptionTokenizer | None, overrides: dict[str, Any]
     kind = overrides.pop("tokenizer", None)
     if tokenizer is None or kind is None:
         return tokenizer if tokenizer is not None else kind
-    have = "clip_bpe" if isinstance(tokenizer, ClipBPETokenizer) else "word"
-    if have != kind:
-        raise ValueError(f"overrides.tokenizer is {kind!r}, but the tokenizer given is a {have!r} one: build the "
-                         f"datamodule with tokenizer={kind!r} (the CLI links the two)")  # fmt: skip
+    if tokenizer.kind != kind:
+        raise ValueError(f"overrides.tokenizer is {kind!r}, but the tokenizer given is a {tokenizer.kind!r} one: "
+                         f"build the datamodule with tokenizer={kind!r} (the CLI links the two)")  # fmt: skip
     return tokenizer
 
 

@@ -79,8 +79,7 @@ def create_model(
     cfg = model_config(name, **overrides)
     if tokenizer is None:
         tokenizer = ClipBPETokenizer() if cfg.tokenizer == "clip_bpe" else WordTokenizer.build(default_word_texts())
-    cfg = dataclasses.replace(cfg, tokenizer="clip_bpe" if isinstance(tokenizer, ClipBPETokenizer) else "word")
-    cfg = dataclasses.replace(cfg, vocab_size=tokenizer.vocab_size)
+    cfg = dataclasses.replace(cfg, tokenizer=tokenizer.kind, vocab_size=tokenizer.vocab_size)
     return NAMC(cfg, tokenizer)
 
 

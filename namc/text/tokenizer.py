@@ -29,6 +29,7 @@ _NO_SPACE_BEFORE = {".", ",", "!", "?", ";", ":", ")", "'s"}
 class CaptionTokenizer(Protocol):
     """What the model and the data pipeline need from a tokenizer."""
 
+    kind: str  # "word" or "clip_bpe": NAMCConfig.tokenizer, and "type" in tokenizer.json
     pad_id: int
     bos_id: int
     eos_id: int
@@ -57,6 +58,8 @@ class WordTokenizer:
     Ids 0-4 are ``[PAD] [BOS] [EOS] [UNK] [MASK]``; words follow in order of decreasing corpus frequency (ties
     broken alphabetically, so a vocabulary built twice from the same texts is identical).
     """
+
+    kind = "word"
 
     SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]", "[MASK]")
     pad_id, bos_id, eos_id, unk_id, mask_id = range(5)
@@ -96,7 +99,7 @@ class WordTokenizer:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data that :func:`tokenizer_from_dict` rebuilds this tokenizer from."""
-        return {"type": "word", "words": list(self.words)}
+        return {"type": self.kind, "words": list(self.words)}
 
     def save(self, directory: str | Path) -> None:
         path = Path(directory) / TOKENIZER_FILE
@@ -109,6 +112,8 @@ class ClipBPETokenizer:
 
     [SOS] is 49406, [EOS] 49407 and padding 0, as in CLIP. Decoding drops padding, [SOS] and [EOS].
     """
+
+    kind = "clip_bpe"
 
     def __init__(self, bpe_path: str | Path | None = None) -> None:
         from open_clip.tokenizer import SimpleTokenizer, default_bpe
@@ -144,7 +149,7 @@ class ClipBPETokenizer:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data that :func:`tokenizer_from_dict` rebuilds this tokenizer from (no copy of the BPE file)."""
-        return {"type": "clip_bpe", "vocab_size": self.vocab_size}
+        return {"type": self.kind, "vocab_size": self.vocab_size}
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
