@@ -33,7 +33,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 4
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 5
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -338,12 +338,69 @@ def test_shortlist_run(tmp_path):
     report = json.loads(out.read_text())
     assert tp.validate_report(report) == []
     assert report["settings"]["shortlist"] == 12 and report["reference"][0]["tokens_match"]
+    assert report["model"]["shortlist"] == {"source": "random", "size": 12}
     shape = fdg_shape(namc.create_model("namc_tiny"))
     listed = report["inference"][0]["flops"]["per_call"]
     assert listed == tp.decoder_flops(**{**shape, "vocab_size": 12}, lengths=[5, 5])["total"]
     assert listed < tp.decoder_flops(**shape, lengths=[5, 5])["total"]
     short = tp.random_shortlist(81, 2, 12, 0)
     assert len(short) == 12 and 2 in short.ids.tolist()
+
+
+def test_shortlist_of_the_model(tmp_path, capsys):
+    """``--shortlist model``: a folder's own list (what ``namc fit`` keeps) is what every level decodes over, in
+    the FLOP count too; a model without one, or a bad ``--shortlist``, is a one-line error before anything runs."""
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    model.training_shortlist = model.shortlist(["the red cube moved", "a small sphere appeared"])
+    size = len(model.training_shortlist)
+    model.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "report.json"
+    argv = ["--model", str(tmp_path / "tiny"), "--batch-sizes", "2", "--modes", "decode", "--reference", "decode"]
+    assert tp.main([*argv, "--shortlist", "model", "--output", str(out), *QUICK]) == 0
+    report = json.loads(out.read_text())
+    assert tp.validate_report(report) == []
+    assert report["settings"]["shortlist"] == "model" and report["model"]["shortlist"] == {
+        "source": "model",
+        "size": size,
+    }
+    assert report["reference"][0]["tokens_match"]
+    shape = fdg_shape(model)
+    assert (
+        report["inference"][0]["flops"]["per_call"]
+        == tp.decoder_flops(**{**shape, "vocab_size": size}, lengths=[5, 5])["total"]
+    )
+    assert f"shortlist={size} (model)" in capsys.readouterr().out
+    # the ids generated are those of generate(..., vocabulary=model.training_shortlist)
+    settings = tp.BenchmarkSettings(model=str(tmp_path / "tiny"), shortlist="model")
+    assert tp.decoding_shortlist(namc.NAMC.from_pretrained(tmp_path / "tiny"), settings).ids.tolist() == (
+        model.training_shortlist.ids.tolist()
+    )
+    assert tp.main(["--model", "namc_tiny", "--shortlist", "model", *QUICK]) == 2
+    err = capsys.readouterr().err
+    assert "has no shortlist of its own" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        tp.main(["--shortlist", "most"])
+    assert "a token count or 'model'" in capsys.readouterr().err
+    bad = json.loads(json.dumps(report))
+    bad["settings"]["shortlist"] = "random"
+    assert any("settings.shortlist" in e for e in tp.validate_report(bad))
+
+
+def test_bad_model_or_settings_is_one_line(tmp_path, capsys):
+    """What cannot run (no such model, a damaged folder, settings that contradict) exits 2 with one line."""
+    model = namc.create_model("namc_tiny", pretraining=False)
+    model.save_pretrained(tmp_path / "tiny")
+    weights = tmp_path / "tiny" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + bytes(8))  # the digest no longer matches
+    for argv, words in (
+        (["--model", "no_such_model"], "neither a folder"),
+        (["--model", str(tmp_path / "tiny")], "model.safetensors"),
+        (["--precision", "bf16", "--device", "cuda"], "CPU runs"),
+        (["--batch-sizes", "0"], "positive"),
+    ):
+        assert tp.main([*argv, *QUICK]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("namc benchmark: ") and words in err and err.count("\n") == 1, err
 
 
 def test_gpu_session_script_names_its_missing_wheels(tmp_path):

@@ -9,7 +9,8 @@
   architecture, 173.7M parameters, random weights) in the same process, on the same inputs and length, the peer's
   calls interleaved with namc's; the speed-ups, and whether the naive decoder produced the same ids.
 - **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.models.precision`), ``torch.compile`` of
-  the decoding step, and decoding over a shortlist of tokens (``shortlist``, namc and the peer alike).
+  the decoding step, and decoding over a shortlist of tokens (``shortlist``: random ids for namc and the peer
+  alike, or a fine-tuned model's own list).
 - **Dense matmul throughput** of the machine (:mod:`.machine`) and the **decode FLOP efficiency**: analytic decoder
   FLOPs (:mod:`.flops`) per second at the median time over that matmul FLOP/s.
 - **Training throughput** (:mod:`.training`, optional): pre-training steps/s and pairs/s, and the cost of the
@@ -26,11 +27,17 @@ from namc.eval.throughput.cli import build_parser, main
 from namc.eval.throughput.clip4idc import CLIP4IDCPeer, peer_at
 from namc.eval.throughput.flops import decoder_flops
 from namc.eval.throughput.harness import load_model, run_benchmark
-from namc.eval.throughput.inference import generated_lengths, length_mode, random_shortlist, run_inference
+from namc.eval.throughput.inference import (
+    decoding_shortlist,
+    generated_lengths,
+    length_mode,
+    random_shortlist,
+    run_inference,
+)
 from namc.eval.throughput.machine import describe_machine, measure_matmul
 from namc.eval.throughput.report import format_table, validate_report
 from namc.eval.throughput.schema import REPORT_SCHEMA, SCHEMA_VERSION
-from namc.eval.throughput.settings import PAPER_TABLE5, BenchmarkSettings
+from namc.eval.throughput.settings import PAPER_TABLE5, BenchmarkInputError, BenchmarkSettings
 from namc.eval.throughput.timing import peak_memory, summarize, time_calls
 from namc.eval.throughput.training import run_training, synthetic_pretrain_batch
 
@@ -39,9 +46,11 @@ __all__ = [
     "PAPER_TABLE5",
     "REPORT_SCHEMA",
     "SCHEMA_VERSION",
+    "BenchmarkInputError",
     "BenchmarkSettings",
     "build_parser",
     "decoder_flops",
+    "decoding_shortlist",
     "describe_machine",
     "format_table",
     "generate_reference",

@@ -33,6 +33,8 @@ from namc.eval.throughput.settings import (
     MODES,
     PRECISIONS,
     REFERENCES,
+    SHORTLIST_OF_MODEL,
+    BenchmarkInputError,
     BenchmarkSettings,
 )
 from namc.runtime import ALLOCATORS, allocator_settings, reuse_freed_memory
@@ -90,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         "graph per batch size replayed at every step; on a CPU the same steps run eagerly",
     )  # fmt: skip
     p.add_argument(
-        "--shortlist", type=int, default=d.shortlist, metavar="N",
+        "--shortlist", type=_shortlist, default=d.shortlist, metavar="N|model",
         help="decode over N tokens instead of the whole vocabulary, namc and the CLIP4IDC peer alike (random ids, "
-        "[EOS] among them; namc.models.shortlist); 0: the whole vocabulary (default)",
+        "[EOS] among them; namc.models.shortlist); model: namc over the model folder's own list (shortlist.json, "
+        "kept by namc fit), the peer over as many random ids; 0: the whole vocabulary (default)",
     )  # fmt: skip
     p.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="0 skips training (default)")
     p.add_argument("--train-steps", type=int, default=d.train_steps)
@@ -116,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _shortlist(text: str) -> int | str:
+    """``--shortlist``: a token count, or ``model``."""
+    if text == SHORTLIST_OF_MODEL:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a token count or {SHORTLIST_OF_MODEL!r}, got {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``namc benchmark ...``: run, print the table, write the JSON report when ``--output`` is given."""
     args = build_parser().parse_args(argv)
@@ -133,8 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--allocator reuse: not glibc's malloc here (%s); left as it is", allocator_settings()
         )
     fields = {f.name for f in dataclasses.fields(BenchmarkSettings)}
-    settings = BenchmarkSettings(**{k: v for k, v in vars(args).items() if k in fields})
-    report = run_benchmark(settings)
+    try:
+        settings = BenchmarkSettings(**{k: v for k, v in vars(args).items() if k in fields})
+        report = run_benchmark(settings)
+    except BenchmarkInputError as err:
+        print(f"namc benchmark: {err}", file=sys.stderr)
+        return 2
     print(format_table(report))
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -17,11 +17,18 @@ import torch
 
 from namc._version import __version__
 from namc.eval.throughput.clip4idc import PAPER_PARAMETERS, CLIP4IDCPeer, peer_at
-from namc.eval.throughput.inference import random_shortlist, run_inference
+from namc.eval.throughput.inference import decoding_shortlist, random_shortlist, run_inference
 from namc.eval.throughput.machine import describe_machine, measure_matmul
 from namc.eval.throughput.schema import SCHEMA_VERSION
-from namc.eval.throughput.settings import DTYPES, PAPER_TABLE5, BenchmarkSettings
+from namc.eval.throughput.settings import (
+    DTYPES,
+    PAPER_TABLE5,
+    SHORTLIST_OF_MODEL,
+    BenchmarkInputError,
+    BenchmarkSettings,
+)
 from namc.eval.throughput.training import run_training
+from namc.models.files import WeightsError
 from namc.models.namc import NAMC
 from namc.models.precision import (
     calibrate_int8,
@@ -31,6 +38,7 @@ from namc.models.precision import (
     set_int8_calibration,
 )
 from namc.models.registry import create_model, list_models
+from namc.models.shortlist import Shortlist
 
 __all__ = ["load_model", "run_benchmark"]
 
@@ -42,10 +50,16 @@ PAPER_NAMC_PARAMETERS = 64_200_000  # Table 5
 def load_model(spec: str, device: torch.device) -> tuple[NAMC, str]:
     """A preset name or a ``save_pretrained`` folder -> (model on ``device`` in eval mode, ``preset``/``directory``)."""
     if Path(spec).is_dir():
-        return NAMC.from_pretrained(spec).to(device).eval(), "directory"
+        try:
+            model = NAMC.from_pretrained(spec)
+        except (OSError, ValueError, WeightsError) as err:  # a folder that cannot be used: its error names the file
+            raise BenchmarkInputError(f"--model {spec}: {err}") from err
+        return model.to(device).eval(), "directory"
     if spec in list_models():
         return create_model(spec).to(device).eval(), "preset"
-    raise ValueError(f"--model {spec!r} is neither a folder written by save_pretrained nor a preset {list_models()}")
+    raise BenchmarkInputError(
+        f"--model {spec!r} is neither a folder written by save_pretrained nor a preset {list_models()}"
+    )
 
 
 def run_benchmark(settings: BenchmarkSettings, model: NAMC | None = None) -> dict[str, Any]:
@@ -73,7 +87,7 @@ def run_benchmark(settings: BenchmarkSettings, model: NAMC | None = None) -> dic
 def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {settings.device!r} requested but CUDA is not available")
+        raise BenchmarkInputError(f"device {settings.device!r} requested but CUDA is not available")
     dtype = DTYPES[settings.dtype]
     machine = describe_machine(device)
     source = "object"
@@ -81,6 +95,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         model, source = load_model(settings.model, device)
     model = model.to(device).eval()
     params = model.num_parameters()
+    short = decoding_shortlist(model, settings)  # before anything is timed: a model without its own list stops here
     logger.info("matmul reference: %d x %d %s %s", settings.gemm_size, settings.gemm_size, settings.dtype,
                 settings.precision)  # fmt: skip
     matmul = measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision)
@@ -101,9 +116,9 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         torch.manual_seed(settings.seed)
         peer = CLIP4IDCPeer().to(device).eval()
         peer_entry = {"name": "CLIP4IDC", "parameters": peer.num_parameters(), "paper_parameters": PAPER_PARAMETERS}
-        if settings.shortlist:
+        if short is not None:  # as many tokens as namc's list; which ones changes no timing of random weights
             vocab = peer.clip.token_embedding.weight.shape[0]
-            peer.restrict_vocabulary(random_shortlist(vocab, peer.eos_id, settings.shortlist, settings.seed).ids)
+            peer.restrict_vocabulary(random_shortlist(vocab, peer.eos_id, len(short), settings.seed).ids)
         peer = peer_at(peer.to(dtype), settings.precision)
     try:
         inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
@@ -122,7 +137,8 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         "settings": dataclasses.asdict(settings)
         | {"batch_sizes": list(settings.batch_sizes), "modes": list(settings.modes)},
         "machine": machine,
-        "model": _model_entry(model, source, params) | {"grid_precision": _grid_precision(model, settings)},
+        "model": _model_entry(model, source, params)
+        | {"grid_precision": _grid_precision(model, settings), "shortlist": _shortlist_entry(short, settings)},
         "matmul": matmul,
         "inference": inference,
         "reference": reference,
@@ -148,6 +164,13 @@ def _model_entry(model: NAMC, source: str, params: dict[str, int]) -> dict[str, 
         "parameters": params,
         "parameters_paper_style": _paper_style(model, params),
     }
+
+
+def _shortlist_entry(short: Shortlist | None, settings: BenchmarkSettings) -> dict[str, Any] | None:
+    """What namc decoded over: None (the whole vocabulary) or the list's source and size."""
+    if short is None:
+        return None
+    return {"source": "model" if settings.shortlist == SHORTLIST_OF_MODEL else "random", "size": len(short)}
 
 
 def _settle_matmul(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:

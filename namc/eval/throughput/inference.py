@@ -41,14 +41,14 @@ import torch.nn.functional as F
 from namc.eval.throughput.baselines import generate_uncached
 from namc.eval.throughput.clip4idc import EOS_ID, CLIP4IDCPeer
 from namc.eval.throughput.flops import decoder_flops, fdg_shape
-from namc.eval.throughput.settings import LENGTH_MODES, BenchmarkSettings
+from namc.eval.throughput.settings import LENGTH_MODES, SHORTLIST_OF_MODEL, BenchmarkInputError, BenchmarkSettings
 from namc.eval.throughput.timing import peak_memory, summarize, synchronize, time_calls
 from namc.models.namc import NAMC
 from namc.models.precision import run_context
 from namc.models.shortlist import Shortlist
 from namc.models.static_decode import StaticDecoder
 
-__all__ = ["generated_lengths", "length_mode", "random_shortlist", "run_inference"]
+__all__ = ["decoding_shortlist", "generated_lengths", "length_mode", "random_shortlist", "run_inference"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,22 @@ def random_shortlist(vocab_size: int, eos_id: int, size: int, seed: int) -> Shor
     return Shortlist(others[pick], vocab_size, eos_id)
 
 
+def decoding_shortlist(model: NAMC, settings: BenchmarkSettings) -> Shortlist | None:
+    """The list ``settings.shortlist`` has namc decode over: None (the whole vocabulary), ``random_shortlist`` of
+    that many ids, or the model's own ``training_shortlist`` (``"model"``: a one-line error where it has none)."""
+    if settings.shortlist == SHORTLIST_OF_MODEL:
+        if model.training_shortlist is None:
+            raise BenchmarkInputError(
+                f"--shortlist model: {settings.model} has no shortlist of its own (a folder that `namc fit` "
+                "fine-tuned keeps one in shortlist.json); give a token count for a random list instead"
+            )
+        return model.training_shortlist
+    if settings.shortlist:  # [EOS] is listed even where the length mode disables it
+        vocab = model.fdg.tok.weight.shape[0]
+        return random_shortlist(vocab, model.tokenizer.eos_id, settings.shortlist, settings.seed)
+    return None
+
+
 def run_inference(
     model: NAMC,
     settings: BenchmarkSettings,
@@ -126,10 +142,7 @@ def run_inference(
     inference: list[dict[str, Any]] = []
     reference: list[dict[str, Any]] = []
     gen = torch.Generator().manual_seed(settings.seed)
-    short = None  # one list for every batch size: its rows are gathered (and quantised) once
-    if settings.shortlist:  # [EOS] is listed even where the length mode disables it
-        vocab = model.fdg.tok.weight.shape[0]
-        short = random_shortlist(vocab, model.tokenizer.eos_id, settings.shortlist, settings.seed)
+    short = decoding_shortlist(model, settings)  # one list for every batch size: its rows are gathered once
     for batch in settings.batch_sizes:
         entries, refs = _run_batch(model, settings, device, batch, gen, matmul_flops, peer, short)
         inference += entries
@@ -216,7 +229,7 @@ def _run_batch(
             logger.info("inference: batch %d, %s", batch, mode)
             entry, ids, lengths = _time_level(settings, device, batch, mode, optimised[mode], eos_id)
             if mode == "decode":
-                entry["flops"] = _flops_entry(model, settings, lengths, entry["time_s"]["median"], matmul_flops)
+                entry["flops"] = _flops_entry(model, short, lengths, entry["time_s"]["median"], matmul_flops)
             entries.append(entry)
             timed[mode] = (entry, ids)
         for ref in _NAIVE[settings.reference]:
@@ -307,13 +320,13 @@ def _time_level(
 
 
 def _flops_entry(
-    model: NAMC, settings: BenchmarkSettings, lengths: list[int], median_s: float, matmul_flops: float | None
+    model: NAMC, short: Shortlist | None, lengths: list[int], median_s: float, matmul_flops: float | None
 ) -> dict[str, Any]:
     """The decode FLOP efficiency of a ``decode`` call: analytic FLOPs per second over the matmul's FLOP/s (the
     vocabulary projection over the shortlist's rows where there is one)."""
     shape = fdg_shape(model)
-    if settings.shortlist:  # random_shortlist's size
-        shape["vocab_size"] = min(settings.shortlist, shape["vocab_size"])
+    if short is not None:
+        shape["vocab_size"] = len(short)
     fl = decoder_flops(**shape, lengths=lengths)
     achieved = fl["total"] / median_s
     return {

@@ -31,7 +31,8 @@ def _json_type(value: Any) -> str:
 def validate_report(report: Any, schema: dict[str, Any] | None = None) -> list[str]:
     """Check a report against :data:`REPORT_SCHEMA`; returns the problems found (empty when valid).
 
-    Implements the subset of JSON Schema the schema uses, so checking needs no extra package.
+    Implements the subset of JSON Schema the schema uses (``anyOf`` included), so checking
+    needs no extra package.
     """
     root = REPORT_SCHEMA if schema is None else schema
     errors: list[str] = []
@@ -39,6 +40,16 @@ def validate_report(report: Any, schema: dict[str, Any] | None = None) -> list[s
     def check(value: Any, node: dict[str, Any], path: str) -> None:
         if "$ref" in node:
             node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+        if "anyOf" in node:  # valid where one alternative is
+            before = len(errors)
+            for alt in node["anyOf"]:
+                mark = len(errors)
+                check(value, alt, path)
+                if len(errors) == mark:
+                    del errors[before:]
+                    return
+            errors[before:] = [f"{path}: matches none of its alternatives ({'; '.join(errors[before:])})"]
+            return
         kind = _json_type(value)
         if "type" in node:
             allowed = node["type"] if isinstance(node["type"], list) else [node["type"]]
@@ -75,6 +86,10 @@ def _stat(s: dict[str, Any], fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}-{fmt.format(s['max'])}]"
 
 
+def _shortlist(entry: dict[str, Any] | None) -> str:
+    return "off" if entry is None else f"{entry['size']} ({entry['source']})"
+
+
 def _mib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.0f}"
 
@@ -90,7 +105,7 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
     return [
         f"namc benchmark  model={mdl['name']} ({mdl['source']})  device={m['device']}  dtype={s['dtype']}  "
         f"precision={s['precision']} (grid {mdl.get('grid_precision', s['precision'])})  compile={s['compile']}  "
-        f"static_decode={s['static_decode']}  shortlist={s['shortlist'] or 'off'}  "
+        f"static_decode={s['static_decode']}  shortlist={_shortlist(mdl['shortlist'])}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
         f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch_version']}"
         + (f", GPU {m['gpu']['name']}" if m["gpu"] else "")

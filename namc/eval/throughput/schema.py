@@ -20,15 +20,16 @@ from namc.eval.throughput.settings import (
     MODES,
     PRECISIONS,
     REFERENCES,
+    SHORTLIST_OF_MODEL,
     THREADING_ENV,
     BenchmarkSettings,
 )
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 4  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+SCHEMA_VERSION = 5  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
-# settings.shortlist
+# settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -115,12 +116,12 @@ _SETTINGS = {
     "static_decode": _field(
         "boolean", "decoding ran in fixed-shape steps over a static KV cache (a CUDA graph per batch size on CUDA)"
     ),
-    "shortlist": _field(
-        "integer",
-        "tokens decoding projected onto, namc and the peer alike (random ids drawn with `seed`, [EOS] among them; "
-        "`namc.models.shortlist`); 0: the whole vocabulary",
-        minimum=0,
-    ),
+    "shortlist": {
+        "anyOf": [{"type": "integer", "minimum": 0}, {"const": SHORTLIST_OF_MODEL}],
+        "description": "what decoding projected onto (`namc.models.shortlist`): a count, that many random ids drawn "
+        "with `seed` ([EOS] among them) for namc and the peer alike, 0 the whole vocabulary; `model`: namc over the "
+        "model's own list (`model.shortlist`), the peer over as many random ids",
+    },
     "train_batch_size": _field("integer", "pairs per training step (0: no training measurement)", minimum=0),
     "train_steps": _field("integer", "timed training steps", minimum=1),
     "train_warmup": _field("integer", "untimed training steps", minimum=0),
@@ -201,6 +202,14 @@ _MODEL = {
     "memory_positions": _field("integer", "N, grid positions per image (196 at 224 px)"),
     "grid_precision": _enum(
         ["fp32", "bf16", "int8"], "what the grid ran in (`int8` precision: static int8 once calibrated, else fp32)"
+    ),
+    "shortlist": _object(
+        {
+            "source": _enum(["random", "model"], "random ids, or the model's own `training_shortlist`"),
+            "size": _field("integer", "tokens listed, [EOS] among them", minimum=1),
+        },
+        "what namc decoded over (`settings.shortlist`); null: the whole vocabulary",
+        nullable=True,
     ),
     "parameters": _object(
         {name: _field("integer", meaning, minimum=0) for name, meaning in _PARAMETER_COUNTS.items()},

@@ -140,6 +140,8 @@ def _type(node: dict[str, Any], link: str | None = None) -> str:
     if "$ref" in node:
         name = node["$ref"].rsplit("/", 1)[-1]
         return f"[{name}](#{_anchor(name)})"
+    if "anyOf" in node:
+        return " or ".join(_type(alt) for alt in node["anyOf"])
     if "const" in node:
         return f"`{json.dumps(node['const'])}`"
     if "enum" in node:

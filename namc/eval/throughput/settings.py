@@ -22,7 +22,9 @@ __all__ = [
     "PRETRAIN_PAIRS",
     "INT8_GRIDS",
     "REFERENCES",
+    "SHORTLIST_OF_MODEL",
     "THREADING_ENV",
+    "BenchmarkInputError",
     "BenchmarkSettings",
 ]
 
@@ -42,6 +44,14 @@ REFERENCES = ("none", "decode", "clip4idc", "all")
 PRECISIONS = ("fp32", "bf16", "int8")  # namc.models.precision.PRECISIONS (models may not import eval)
 INT8_GRIDS = ("static", "fp32")
 LENGTH_MODES = ("fixed", "eos")
+SHORTLIST_OF_MODEL = "model"  # settings.shortlist: the model's own training_shortlist
+
+
+class BenchmarkInputError(ValueError):
+    """What the benchmark was asked to run cannot run (no such model, a damaged folder, no list of its own): the
+    command line prints it as one line, where an error inside a run keeps its traceback."""
+
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: environment variables that change CPU threading behaviour; recorded in every report
 THREADING_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "KMP_BLOCKTIME")
@@ -77,7 +87,9 @@ class BenchmarkSettings:
             static KV cache; on CUDA one CUDA graph per batch size, replayed at every step) in every level.
         shortlist: decode over this many tokens instead of the whole vocabulary (:mod:`namc.models.shortlist`):
             namc and the CLIP4IDC peer alike project onto that many ids of their vocabularies, drawn with ``seed``
-            ([EOS] among them); 0 (default): the whole vocabulary.
+            ([EOS] among them); ``"model"``: namc over the model's own list (``training_shortlist``, what a folder
+            fine-tuned by ``namc fit`` keeps in ``shortlist.json``), the peer over as many random ids; 0 (default):
+            the whole vocabulary.
         train_batch_size: pairs per training step; 0 skips the training measurement.
         train_steps: timed training steps.
         train_warmup: untimed training steps.
@@ -103,7 +115,7 @@ class BenchmarkSettings:
     gemm_size: int = 1024
     compile: bool = False
     static_decode: bool = False
-    shortlist: int = 0
+    shortlist: int | str = 0
     train_batch_size: int = 0
     train_steps: int = 3
     train_warmup: int = 1
@@ -114,33 +126,38 @@ class BenchmarkSettings:
         self.batch_sizes = tuple(int(b) for b in self.batch_sizes)
         self.modes = tuple(self.modes)
         if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise ValueError(f"batch sizes must be positive, got {self.batch_sizes}")
+            raise BenchmarkInputError(f"batch sizes must be positive, got {self.batch_sizes}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise BenchmarkInputError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.length_mode not in LENGTH_MODES:
-            raise ValueError(f"length_mode must be one of {LENGTH_MODES}, got {self.length_mode!r}")
+            raise BenchmarkInputError(f"length_mode must be one of {LENGTH_MODES}, got {self.length_mode!r}")
         if self.reference not in REFERENCES:
-            raise ValueError(f"reference must be one of {REFERENCES}, got {self.reference!r}")
+            raise BenchmarkInputError(f"reference must be one of {REFERENCES}, got {self.reference!r}")
         bad = [m for m in self.modes if m not in MODES]
         if bad or not self.modes:
-            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes}")
+            raise BenchmarkInputError(f"modes must be a non-empty subset of {MODES}, got {self.modes}")
         if self.repeats < 1 or self.warmup < 0 or self.reference_repeats < 1:
-            raise ValueError("repeats and reference_repeats must be >= 1, warmup >= 0")
+            raise BenchmarkInputError("repeats and reference_repeats must be >= 1, warmup >= 0")
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise BenchmarkInputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.train_batch_size < 0 or self.train_steps < 1 or self.train_warmup < 0:
-            raise ValueError("train_batch_size must be >= 0, train_steps >= 1, train_warmup >= 0")
+            raise BenchmarkInputError("train_batch_size must be >= 0, train_steps >= 1, train_warmup >= 0")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
+            raise BenchmarkInputError(f"threads must be >= 1, got {self.threads}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+            raise BenchmarkInputError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.int8_grid not in INT8_GRIDS:
-            raise ValueError(f"int8_grid must be one of {INT8_GRIDS}, got {self.int8_grid!r}")
+            raise BenchmarkInputError(f"int8_grid must be one of {INT8_GRIDS}, got {self.int8_grid!r}")
         if self.precision != "fp32" and (torch.device(self.device).type != "cpu" or self.dtype != "float32"):
-            raise ValueError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
-        if self.shortlist < 0:
-            raise ValueError(f"shortlist must be >= 0 (0: the whole vocabulary), got {self.shortlist}")
+            raise BenchmarkInputError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
+        if self.shortlist != SHORTLIST_OF_MODEL and (
+            isinstance(self.shortlist, bool) or not isinstance(self.shortlist, int) or self.shortlist < 0
+        ):
+            raise BenchmarkInputError(
+                f"shortlist must be a token count >= 0 (0: the whole vocabulary) or {SHORTLIST_OF_MODEL!r} (the "
+                f"model's own list), got {self.shortlist!r}"
+            )
         if self.compile and self.static_decode:
-            raise ValueError("compile and static_decode are two ways of running the step: pick one")
+            raise BenchmarkInputError("compile and static_decode are two ways of running the step: pick one")
         if torch.device(self.device).type != "cuda" and self.dtype != "float32":
-            raise ValueError(f"{self.dtype} is measured on CUDA only; use float32 on {self.device}")
+            raise BenchmarkInputError(f"{self.dtype} is measured on CUDA only; use float32 on {self.device}")
