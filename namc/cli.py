@@ -38,7 +38,7 @@ Training and evaluation (LightningCLI; `namc COMMAND --help` for every option; n
   demo       shapes world end to end on a CPU: pre-train, fine-tune, evaluate, report (--fast: about a minute)
 
 Other commands:
-  describe   caption one pair of image files with a saved model: namc describe A.png B.png --model DIR
+  describe   caption a pair of image files (or a list of pairs, --pairs) with a saved model
   data       build and inspect corpora and the shapes world (namc data --help)
   eval       caption metrics of a predictions file (namc eval --help)
   benchmark  throughput: generated tokens/s, parameters, memory (namc benchmark --help)

@@ -9,19 +9,32 @@ loader, :func:`namc.models.load_model`, and read images through :func:`namc.data
 ...``, naming the file and what to do, and exits with 2 for a usage error (a bad option value, a path that does not
 exist or is a directory, a device that is not there) or 1 for a file that cannot be used (an image that is corrupt
 or over the pixel cap, damaged or mismatched weights, an unreadable config or tokenizer, a pickle checkpoint).
+
+``namc describe --pairs LIST`` captions every pair a list file names (:func:`namc.data.pairs.read_pair_list`) with
+one load of the model, in batches: one JSON line per pair, in the list's order, to stdout or ``--output``. A pair
+whose image is missing, corrupt or over the pixel cap is skipped, written with its ``issue`` and ``error`` instead
+of a caption and counted; the run goes on, and exits with 1 at the end where any pair was skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import pickle
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
+from tqdm.auto import tqdm
 
+from namc.data.errors import IssueKind, RecordError
+from namc.data.pairs import ListedPair, read_pair_list
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform, pixel_cap_arg
 from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
@@ -30,7 +43,7 @@ from namc.models.shortlist import Shortlist
 
 ImageLike = str | Path | Image.Image
 
-__all__ = ["describe", "main", "read_captions"]
+__all__ = ["caption_pair_list", "describe", "main", "read_captions"]
 
 
 def _load(image: ImageLike, transform: ImageTransform) -> torch.Tensor:
@@ -108,6 +121,61 @@ def describe(
     return captions[0] if single else captions
 
 
+def caption_pair_list(
+    model: NAMC,
+    pairs: Sequence[ListedPair],
+    batch_size: int = 32,
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS,
+    progress: bool | None = None,
+    **generate: Any,
+) -> Iterator[dict[str, Any]]:
+    """Caption listed pairs in batches, skipping a pair whose image cannot be used; yields one record per pair, in
+    order: ``{"line", "image1", "image2", "caption"}`` (the paths as the list writes them), or ``"caption": None``
+    with the ``issue`` (an :class:`~namc.data.errors.IssueKind` value) and the one-line ``error``.
+
+    Args:
+        model: an eval-mode :class:`NAMC`.
+        pairs: from :func:`namc.data.pairs.read_pair_list`.
+        batch_size: pairs per forward pass (a batch with skipped pairs runs the ones left).
+        max_image_pixels: as :func:`describe`'s.
+        progress: a tqdm bar on stderr; None: where stderr is a terminal.
+        **generate: keywords of :meth:`NAMC.generate` (``max_new_tokens``, ``num_beams``, ``precision``,
+            ``vocabulary``).
+    """
+    transform = ImageTransform(model.config.image_size, max_image_pixels)
+    device = next(model.parameters()).device
+    quiet = None if progress is None else not progress  # tqdm: None disables the bar where stderr is no terminal
+    with tqdm(total=len(pairs), unit="pair", disable=quiet, file=sys.stderr, dynamic_ncols=True) as bar:
+        for start in range(0, len(pairs), batch_size):
+            records, firsts, seconds, captioned = [], [], [], []
+            for pair in pairs[start : start + batch_size]:
+                record: dict[str, Any] = {"line": pair.line, "image1": pair.written[0], "image2": pair.written[1]}
+                records.append(record)
+                try:
+                    a, b = _load(pair.first, transform), _load(pair.second, transform)
+                except (OSError, ValueError) as err:  # _load's errors: each names its file
+                    record |= {"caption": None, "issue": _issue(err).value, "error": " ".join(str(err).split())}
+                    continue
+                firsts.append(a)
+                seconds.append(b)
+                captioned.append(record)
+            if captioned:
+                a, b = torch.stack(firsts).to(device), torch.stack(seconds).to(device)
+                for record, caption in zip(captioned, model.generate(a, b, **generate), strict=True):
+                    record["caption"] = caption
+            bar.update(len(records))
+            yield from records
+
+
+def _issue(err: Exception) -> IssueKind:
+    """The kind under which an image error is counted."""
+    if isinstance(err, RecordError):
+        return err.kind
+    if isinstance(err, (FileNotFoundError, IsADirectoryError)):
+        return IssueKind.MISSING_IMAGE
+    return IssueKind.CORRUPT_IMAGE
+
+
 # ------------------------------------------------------------------------------------------------ the command
 
 
@@ -162,12 +230,26 @@ def _device(text: str) -> torch.device:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="namc describe",
-        description="Caption the change between two image files.",
+        description="Caption the change between two image files, or between the pairs a list file names (--pairs).",
         epilog="exit status: 0 captioned; 1 a file could not be used (corrupt or oversized image, damaged weights, "
-        "unreadable config); 2 usage error (bad option, missing path, no such device)",
+        "unreadable config; with --pairs: a malformed list, or any pair skipped); 2 usage error (bad option, "
+        "missing path, no such device)",
     )
-    parser.add_argument("image1", help="the first ('before') image")
-    parser.add_argument("image2", help="the second ('after') image")
+    parser.add_argument("image1", nargs="?", help="the first ('before') image")
+    parser.add_argument("image2", nargs="?", help="the second ('after') image")
+    parser.add_argument(
+        "--pairs",
+        metavar="LIST",
+        help="caption every pair this file lists instead (one per line: the first image, a tab or spaces, the "
+        "second; paths relative to the file's folder; # comments): one JSON line per pair, in order, a pair whose "
+        "image cannot be used written with its error and skipped",
+    )
+    parser.add_argument(
+        "--output", metavar="FILE.jsonl", type=Path, help="with --pairs: write the JSON lines here (default: stdout)"
+    )
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=32, help="with --pairs: pairs per forward pass (default 32)"
+    )
     parser.add_argument("--model", required=True, help="a save_pretrained folder, hf-hub:org/name, or a namc .ckpt")
     parser.add_argument("--beams", type=_positive_int, default=1, help="beam width (1: greedy, as the paper)")
     parser.add_argument(
@@ -205,6 +287,42 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _describe_list(model: NAMC, pairs: list[ListedPair], args: argparse.Namespace, vocabulary: Shortlist | None) -> int:
+    """``--pairs``: every listed pair's record as a JSON line (flushed per batch), then one summary line on stderr;
+    1 where any pair was skipped."""
+    model.eval()
+    check_precision(args.precision, args.device)
+    issues: Counter[str] = Counter()
+    first_error = ""
+    start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout
+        if args.output is not None:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            out = stack.enter_context(args.output.open("w", encoding="utf-8"))
+        records = caption_pair_list(
+            model, pairs, args.batch_size, args.max_image_pixels, num_beams=args.beams,
+            max_new_tokens=args.max_new_tokens, precision=args.precision, vocabulary=vocabulary,
+        )  # fmt: skip
+        for number, record in enumerate(records, start=1):
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            if record["caption"] is None:
+                issues[record["issue"]] += 1
+                first_error = first_error or f"line {record['line']}: {record['error']}"
+            if number % args.batch_size == 0 or number == len(pairs):
+                out.flush()
+    seconds = time.perf_counter() - start
+    done = len(pairs) - sum(issues.values())
+    summary = f"captioned {done} of {len(pairs)} pairs in {seconds:.1f} s ({done / seconds:.1f} pairs/s)"
+    if issues:
+        kinds = ", ".join(f"{kind}={n}" for kind, n in sorted(issues.items()))
+        print(f"namc describe: {summary}; skipped {sum(issues.values())} ({kinds}), first at {args.pairs} "
+              f"{first_error}", file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"namc describe: {summary}", file=sys.stderr)
+    return 0
+
+
 def _error(message: str, code: int) -> int:
     print(f"namc describe: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
@@ -214,6 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``namc describe A.png B.png --model DIR``: caption what changed from the first image to the second."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.pairs is None and (args.image1 is None or args.image2 is None):
+        parser.error("two image files are needed (or --pairs LIST)")
+    if args.pairs is not None and args.image1 is not None:
+        parser.error("give two image files or --pairs LIST, not both")
+    if args.pairs is None and args.output is not None:
+        parser.error("--output is for --pairs; one pair's caption is printed")
     if args.model in list_models() and not Path(args.model).exists():
         return _error(
             f"--model {args.model} is a preset name, which has no trained weights: pass a folder written by "
@@ -221,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             2,
         )
     try:
+        pairs = None if args.pairs is None else read_pair_list(args.pairs)  # a bad list stops before the model loads
         model = load_model(args.model, pretraining=False).to(args.device)
         limit = model.config.max_caption_len - 1
         if args.max_new_tokens is not None and args.max_new_tokens > limit:
@@ -233,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _error(f"--shortlist: {args.model} has no training shortlist (shortlist.json, which "
                               "fine-tuning saves): pass --vocabulary CAPTIONS.txt instead", 2)  # fmt: skip
             vocabulary = model.training_shortlist
+        if pairs is not None:
+            return _describe_list(model, pairs, args, vocabulary)
         caption = describe(
             model, args.image1, args.image2, args.beams, args.max_new_tokens, max_image_pixels=args.max_image_pixels,
             precision=args.precision, vocabulary=vocabulary,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import yaml
 
 from namc.cli import main
 from namc.data.synthetic import generate_benchmark, make_pair, render_scene
+from namc.inference import describe
 from namc.lit.cli import NAMCCLI, link_tokenizer, model_settings
 from namc.models import create_model, load_model
 
@@ -122,6 +124,65 @@ def test_describe_captions_two_image_files(tmp_path: Path, capsys: pytest.Captur
     assert main([*argv, "--shortlist"]) == 0
     listed = capsys.readouterr().out.strip().split()
     assert set(listed) <= {"a", "red", "sphere", "appeared"} and not set(caption.split()) <= set(listed), listed
+
+
+def test_describe_captions_a_list_of_pairs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``namc describe --pairs LIST``: one JSON line per listed pair in order, the captions ``describe`` gives, a
+    pair with a missing or corrupt image written with its error and counted (exit 1), a bad list one line."""
+    torch.manual_seed(0)
+    model_dir = create_model("namc_tiny", pretraining=False).save_pretrained(tmp_path / "model")
+    (tmp_path / "img dir").mkdir()
+    for i in range(5):
+        pair = make_pair(i, 1)
+        render_scene(pair.before, 64).save(tmp_path / f"a{i}.png")
+        render_scene(pair.after, 64).save(tmp_path / "img dir" / f"b{i}.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    good = [(f"a{i}.png", f"img dir/b{i}.png") for i in range(5)]
+    lines = ["# before<TAB>after", *("\t".join(g) for g in good[:3]), "a3.png\tnope.png", "", "broken.png a4.png"]
+    lines += ["\t".join(g) for g in good[3:]]
+    (tmp_path / "pairs.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["describe", "--model", str(model_dir), "--pairs", str(tmp_path / "pairs.txt"), "--batch-size", "2"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert [r["line"] for r in records] == [2, 3, 4, 5, 7, 8, 9]
+    expected = describe(model_dir, [tmp_path / a for a, _ in good], [tmp_path / b for _, b in good])
+    captioned = [r for r in records if r["caption"] is not None]
+    assert [(r["image1"], r["image2"]) for r in captioned] == good
+    assert [r["caption"] for r in captioned] == expected  # fp32 captions do not depend on the batch
+    missing, broken = records[3], records[4]
+    assert missing["issue"] == "missing_image" and "nope.png" in missing["error"] and missing["caption"] is None
+    assert broken["issue"] == "corrupt_image" and "broken.png" in broken["error"]
+    err = captured.err.strip().splitlines()[-1]
+    assert "captioned 5 of 7 pairs" in err and "skipped 2 (corrupt_image=1, missing_image=1)" in err
+    assert "pairs.txt line 5" in err, err
+    # --output: the same records in a file; every pair usable: exit 0
+    (tmp_path / "ok.txt").write_text("\n".join("\t".join(g) for g in good), encoding="utf-8")
+    out = tmp_path / "out" / "captions.jsonl"
+    argv = ["describe", "--model", str(model_dir), "--pairs", str(tmp_path / "ok.txt"), "--output", str(out)]
+    assert main(argv) == 0
+    assert [json.loads(line)["caption"] for line in out.read_text(encoding="utf-8").splitlines()] == expected
+    assert capsys.readouterr().out == ""
+    # a list that cannot be used, or a command line that mixes the two forms: one line, nothing captioned
+    (tmp_path / "three.txt").write_text("a0.png a1.png a2.png\n", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("a0.png\tb\xe9.png\n".encode("latin-1"))
+    base = ["describe", "--model", str(model_dir)]
+    for extra, code, words in (
+        (["--pairs", str(tmp_path / "three.txt")], 1, "three.txt:1: expected two image paths, got 3"),
+        (["--pairs", str(tmp_path / "latin1.txt")], 1, "latin1.txt:1: not UTF-8"),
+        (["--pairs", str(tmp_path / "none.txt")], 2, "pair list not found"),
+    ):
+        assert main([*base, *extra]) == code
+        captured = capsys.readouterr()
+        assert captured.out == "" and words in captured.err and captured.err.count("\n") == 1, captured.err
+    for extra, words in (
+        (["--pairs", str(tmp_path / "ok.txt"), str(tmp_path / "a0.png"), str(tmp_path / "a1.png")], "not both"),
+        ([str(tmp_path / "a0.png")], "two image files are needed"),
+        ([str(tmp_path / "a0.png"), str(tmp_path / "a1.png"), "--output", str(out)], "--output is for --pairs"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base, *extra])
+        assert exit_info.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:

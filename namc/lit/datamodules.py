@@ -115,7 +115,8 @@ class BenchmarkDataModule(NAMCDataModule):
         max_caption_len: most caption ids with [BOS]/[EOS] (linked from the model).
         include_distractors: CLEVR-Change: also the no-change pairs (as trained and evaluated in the literature).
         predict_pairs: a text file of image pairs to caption with ``namc predict`` (one pair per line, two paths
-            separated by whitespace, relative to the file; ``#`` starts a comment); default: ``predict_split``.
+            separated by a tab or whitespace, relative to the file; ``#`` starts a comment; the format of
+            :func:`namc.data.pairs.read_pair_list`, as ``namc describe --pairs``); default: ``predict_split``.
         predict_split: the split ``namc predict`` captions when ``predict_pairs`` is not given.
         shuffle_seed: seed of the training shuffle.
         cache_images: keep the decoded images in memory after their first read (small benchmarks such as the
