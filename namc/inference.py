@@ -147,24 +147,30 @@ def caption_pair_list(
     quiet = None if progress is None else not progress  # tqdm: None disables the bar where stderr is no terminal
     with tqdm(total=len(pairs), unit="pair", disable=quiet, file=sys.stderr, dynamic_ncols=True) as bar:
         for start in range(0, len(pairs), batch_size):
-            records, firsts, seconds, captioned = [], [], [], []
-            for pair in pairs[start : start + batch_size]:
-                record: dict[str, Any] = {"line": pair.line, "image1": pair.written[0], "image2": pair.written[1]}
-                records.append(record)
-                try:
-                    a, b = _load(pair.first, transform), _load(pair.second, transform)
-                except (OSError, ValueError) as err:  # _load's errors: each names its file
-                    record |= {"caption": None, "issue": _issue(err).value, "error": " ".join(str(err).split())}
-                    continue
-                firsts.append(a)
-                seconds.append(b)
-                captioned.append(record)
-            if captioned:
-                a, b = torch.stack(firsts).to(device), torch.stack(seconds).to(device)
-                for record, caption in zip(captioned, model.generate(a, b, **generate), strict=True):
+            records, loaded = _read_batch(pairs[start : start + batch_size], transform)
+            if loaded:
+                a = torch.stack([x for _, x, _ in loaded]).to(device)
+                b = torch.stack([y for _, _, y in loaded]).to(device)
+                for (record, _, _), caption in zip(loaded, model.generate(a, b, **generate), strict=True):
                     record["caption"] = caption
             bar.update(len(records))
             yield from records
+
+
+def _read_batch(
+    chunk: Sequence[ListedPair], transform: ImageTransform
+) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], torch.Tensor, torch.Tensor]]]:
+    """One batch's records (an unusable pair's with its issue and error already) and the (record, first, second)
+    images of the pairs to caption."""
+    records, loaded = [], []
+    for pair in chunk:
+        record: dict[str, Any] = {"line": pair.line, "image1": pair.written[0], "image2": pair.written[1]}
+        records.append(record)
+        try:
+            loaded.append((record, _load(pair.first, transform), _load(pair.second, transform)))
+        except (OSError, ValueError) as err:  # _load's errors: each names its file
+            record |= {"caption": None, "issue": _issue(err).value, "error": " ".join(str(err).split())}
+    return records, loaded
 
 
 def _issue(err: Exception) -> IssueKind:
