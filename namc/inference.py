@@ -344,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give two image files or --pairs LIST, not both")
     if args.pairs is None and args.output is not None:
         parser.error("--output is for --pairs; one pair's caption is printed")
+    if args.output is not None and args.output.is_dir():
+        parser.error(f"--output {args.output} is a folder: name the JSON lines file to write")
     if args.model in list_models() and not Path(args.model).exists():
         return _error(
             f"--model {args.model} is a preset name, which has no trained weights: pass a folder written by "

@@ -179,6 +179,7 @@ def test_describe_captions_a_list_of_pairs(tmp_path: Path, capsys: pytest.Captur
         (["--pairs", str(tmp_path / "ok.txt"), str(tmp_path / "a0.png"), str(tmp_path / "a1.png")], "not both"),
         ([str(tmp_path / "a0.png")], "two image files are needed"),
         ([str(tmp_path / "a0.png"), str(tmp_path / "a1.png"), "--output", str(out)], "--output is for --pairs"),
+        (["--pairs", str(tmp_path / "ok.txt"), "--output", str(tmp_path)], "is a folder"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main([*base, *extra])
