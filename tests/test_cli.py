@@ -163,6 +163,13 @@ def test_describe_captions_a_list_of_pairs(tmp_path: Path, capsys: pytest.Captur
     assert main(argv) == 0
     assert [json.loads(line)["caption"] for line in out.read_text(encoding="utf-8").splitlines()] == expected
     assert capsys.readouterr().out == ""
+    # the options of one pair apply to the list: int8 over a shortlist of the words of two captions
+    (tmp_path / "words.txt").write_text("the cube moved\na red sphere is there\n", encoding="utf-8")
+    listed = ["--precision", "int8", "--vocabulary", str(tmp_path / "words.txt")]
+    assert main([*argv[:-2], *listed]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    words = {"the", "cube", "moved", "a", "red", "sphere", "is", "there"}  # each a word of namc_tiny's vocabulary
+    assert len(records) == 5 and all(set(r["caption"].split()) <= words for r in records), records
     # a list that cannot be used, or a command line that mixes the two forms: one line, nothing captioned
     (tmp_path / "three.txt").write_text("a0.png a1.png a2.png\n", encoding="utf-8")
     (tmp_path / "latin1.txt").write_bytes("a0.png\tb\xe9.png\n".encode("latin-1"))
