@@ -40,6 +40,7 @@ from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
 from namc.models.precision import PRECISIONS, check_precision
 from namc.models.shortlist import Shortlist
+from namc.text.tokenizer import WordTokenizer
 
 ImageLike = str | Path | Image.Image
 
@@ -275,7 +276,8 @@ def _parser() -> argparse.ArgumentParser:
         "--vocabulary",
         metavar="CAPTIONS.txt",
         help="write only the tokens of these captions (a UTF-8 file, one per line: say, the captions the model was "
-        "fine-tuned on); decoding then projects onto those tokens only, faster (namc.models.shortlist)",
+        "fine-tuned on); decoding then projects onto those tokens only, faster (namc.models.shortlist); words outside a "
+        "word vocabulary are listed as [UNK], and named on stderr",
     )
     words.add_argument(
         "--shortlist",
@@ -329,6 +331,19 @@ def _describe_list(model: NAMC, pairs: list[ListedPair], args: argparse.Namespac
     return 0
 
 
+def _note_unknown_words(model: NAMC, captions: list[str], source: str) -> None:
+    """One line on stderr naming the words of ``captions`` outside a word vocabulary: they are listed as [UNK], so
+    decoding over the list can write "[UNK]" (CLIP's byte-level BPE has no unknown words)."""
+    tokenizer = model.tokenizer
+    if not isinstance(tokenizer, WordTokenizer):
+        return
+    unknown = sorted({word for caption in captions for word in tokenizer.split(caption) if word not in tokenizer.index})
+    if unknown:
+        shown = ", ".join(unknown[:8]) + (", ..." if len(unknown) > 8 else "")
+        print(f"namc describe: note: {source}: {len(unknown)} word(s) outside the model's vocabulary ({shown}) are "
+              "listed as [UNK], which the caption may then use", file=sys.stderr)  # fmt: skip
+
+
 def _error(message: str, code: int) -> int:
     print(f"namc describe: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
@@ -360,7 +375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"argument --max-new-tokens: this model generates at most {limit} tokens")
         if args.precision == "int8" and args.device.type != "cpu":
             parser.error(f"argument --precision: int8 runs on a CPU only, not on {args.device}")
-        vocabulary = None if args.vocabulary is None else model.shortlist(read_captions(args.vocabulary))
+        vocabulary = None
+        if args.vocabulary is not None:
+            captions = read_captions(args.vocabulary)
+            vocabulary = model.shortlist(captions)
+            _note_unknown_words(model, captions, args.vocabulary)
         if args.shortlist:
             if model.training_shortlist is None:
                 return _error(f"--shortlist: {args.model} has no training shortlist (shortlist.json, which "

@@ -115,8 +115,11 @@ def test_describe_captions_two_image_files(tmp_path: Path, capsys: pytest.Captur
     (tmp_path / "captions.txt").write_text("the cube moved\n\nthe sphere is gone\n", encoding="utf-8")
     argv = ["describe", str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--model", str(model_dir)]
     assert main([*argv, "--vocabulary", str(tmp_path / "captions.txt")]) == 0
-    listed = capsys.readouterr().out.strip().split()
+    captured = capsys.readouterr()
+    listed = captured.out.strip().split()
     assert set(listed) <= {"the", "cube", "moved", "sphere", "is", "gone"}, listed
+    # "gone" is no word of namc_tiny's vocabulary: listed as [UNK], and said so in one line
+    assert captured.err.count("\n") == 1 and "1 word(s) outside the model's vocabulary (gone)" in captured.err
     # the model's own list (fine-tuning saves its training captions' tokens)
     model = load_model(model_dir)
     model.training_shortlist = model.shortlist(["a red sphere appeared"])
