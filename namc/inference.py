@@ -276,8 +276,8 @@ def _parser() -> argparse.ArgumentParser:
         "--vocabulary",
         metavar="CAPTIONS.txt",
         help="write only the tokens of these captions (a UTF-8 file, one per line: say, the captions the model was "
-        "fine-tuned on); decoding then projects onto those tokens only, faster (namc.models.shortlist); words outside a "
-        "word vocabulary are listed as [UNK], and named on stderr",
+        "fine-tuned on); decoding then projects onto those tokens only, faster (namc.models.shortlist); words "
+        "outside a word vocabulary are listed as [UNK], and named on stderr",
     )
     words.add_argument(
         "--shortlist",
