@@ -8,8 +8,9 @@ import torch
 
 import namc
 from namc.data.collate import CaptionCollator, PretrainCollator
+from namc.models import NAMC, load_model
 from namc.models.encoders import ClipDualEncoder
-from namc.models.io import WeightsError
+from namc.models.io import WeightsError, checkpoint_entry, load_strict, skip_random_init
 from namc.objectives import finetune_step, pretrain_step
 from namc.text.tokenizer import ClipBPETokenizer, WordTokenizer, load_tokenizer
 
@@ -209,6 +210,37 @@ def test_save_load_round_trip(model, tmp_path, pretraining):
     assert (loaded.nim is None) is (not pretraining)
     same = namc.create_model("namc_tiny", pretrained=tmp_path)
     assert torch.equal(same.generate_ids(x1, x2, max_new_tokens=12), before)
+
+
+def test_loading_draws_no_random_weights(model, tmp_path):
+    """A saved folder and a namc .ckpt are built under skip_random_init (no random draws, which were most of a load)
+    and then loaded strictly: the result equals the model built the usual way and loaded, every parameter and every
+    buffer, the buffers no state dict carries included (the grid's ImageNet mean and std, CLIP's causal mask)."""
+    model.eval()
+    model.save_pretrained(tmp_path / "folder")
+    entry = checkpoint_entry(model.config, model.tokenizer, namc.__version__)
+    state = {f"model.{key}": value for key, value in model.state_dict().items()}
+    torch.save({"state_dict": state, "namc": entry}, tmp_path / "model.ckpt")
+
+    reference = NAMC(model.config, model.tokenizer)  # built with random weights, then overwritten
+    load_strict(reference, model.state_dict(), what="reference")
+    expected = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
+    assert {"grid.mean", "nim.clip.attn_mask"} <= expected.keys() - reference.state_dict().keys()
+    for path in (tmp_path / "folder", tmp_path / "model.ckpt"):
+        before = torch.random.get_rng_state()
+        loaded = load_model(path)
+        assert torch.equal(torch.random.get_rng_state(), before), f"{path.name}: random numbers were drawn"
+        got = {**dict(loaded.named_parameters()), **dict(loaded.named_buffers())}
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[key], expected[key]) for key in expected), path.name
+    before = torch.random.get_rng_state()
+    NAMC(model.config, model.tokenizer)
+    assert not torch.equal(torch.random.get_rng_state(), before)  # the checks above can fail: a usual build draws
+    with skip_random_init():
+        bare = NAMC(model.config, model.tokenizer)
+    assert torch.equal(bare.grid.std, reference.grid.std)  # constant buffers are built as usual
+    with pytest.raises(WeightsError, match="missing"):  # and a load that misses a weight is refused
+        load_strict(bare, {k: v for k, v in model.state_dict().items() if k != "fdg.tok.weight"}, what="partial")
 
 
 def test_from_pretrained_errors(model, tmp_path):

@@ -39,6 +39,7 @@ from namc.models.io import (
     read_config,
     read_tokenizer,
     save_safetensors,
+    skip_random_init,
     verify_folder,
     write_config,
 )
@@ -368,7 +369,9 @@ class NAMC(nn.Module):
         checked = verify_folder(directory) if verify else None
         if checked == []:
             logger.info("%s records no SHA-256 digests (saved before namc recorded them): not verified", directory)
-        model = cls(config, read_tokenizer(directory))
+        tokenizer = read_tokenizer(directory)
+        with skip_random_init():  # every weight comes from the file, loaded strictly below
+            model = cls(config, tokenizer)
         sd = load_state_dict(directory / WEIGHTS_FILE, hint="the model.safetensors written by save_pretrained")
         load_strict(model, sd, what=f"NAMC weights from {directory}")
         model = model.to(map_location).eval()

@@ -13,7 +13,7 @@ from typing import Any
 
 from namc.models.config import NAMCConfig
 from namc.models.hub import is_hub_id, resolve_model_path
-from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint
+from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint, skip_random_init
 from namc.models.namc import NAMC
 from namc.models.shortlist import Shortlist
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer, tokenizer_from_dict
@@ -104,7 +104,9 @@ def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
         ckpt = read_checkpoint(path)
         entry = ckpt[NAMC_KEY]
         config = NAMCConfig.from_dict({**entry["config"], **dict.fromkeys(_PART_PATHS)})
-        model = NAMC(config, tokenizer_from_dict(entry["tokenizer"], where=str(path)))
+        tokenizer = tokenizer_from_dict(entry["tokenizer"], where=str(path))
+        with skip_random_init():  # every weight comes from the checkpoint, loaded strictly below
+            model = NAMC(config, tokenizer)
         load_strict(model, checkpoint_state_dict(ckpt), what=f"NAMC weights from {path}")
         if "shortlist" in entry:  # a fine-tuning checkpoint: its training captions' tokens
             model.training_shortlist = Shortlist.from_dict(entry["shortlist"], model.tokenizer, f"{path}: shortlist")
