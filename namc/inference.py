@@ -8,7 +8,9 @@ loader, :func:`namc.models.load_model`, and read images through :func:`namc.data
 ``namc describe`` never answers a user's mistake with a traceback: it prints one line, ``namc describe: error:
 ...``, naming the file and what to do, and exits with 2 for a usage error (a bad option value, a path that does not
 exist or is a directory, a device that is not there) or 1 for a file that cannot be used (an image that is corrupt
-or over the pixel cap, damaged or mismatched weights, an unreadable config or tokenizer, a pickle checkpoint).
+or over the pixel cap, damaged or mismatched weights, an unreadable config or tokenizer, a pickle checkpoint). Where
+the reader of its output stops early (``namc describe --pairs LIST | head``) it stops too, quietly, with 141, as a
+process that SIGPIPE ended.
 
 ``namc describe --pairs LIST`` captions every pair a list file names (:func:`namc.data.pairs.read_pair_list`) with
 one load of the model, in batches: one JSON line per pair, in the list's order, to stdout or ``--output``. A pair
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import pickle
 import sys
 import time
@@ -344,6 +347,15 @@ def _note_unknown_words(model: NAMC, captions: list[str], source: str) -> None:
               "listed as [UNK], which the caption may then use", file=sys.stderr)  # fmt: skip
 
 
+def _stdout_closed() -> int:
+    """Exit as a process that SIGPIPE ended would (status 141, nothing on stderr), after pointing stdout at
+    /dev/null so that Python's flush at exit does not fail on the closed pipe once more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE (13), what a shell reports for a process the signal ended
+
+
 def _error(message: str, code: int) -> int:
     print(f"namc describe: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
@@ -391,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model, args.image1, args.image2, args.beams, args.max_new_tokens, max_image_pixels=args.max_image_pixels,
             precision=args.precision, vocabulary=vocabulary,
         )  # fmt: skip
+    except BrokenPipeError:  # the reader of stdout stopped (`namc describe --pairs LIST | head`): stop too
+        return _stdout_closed()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path on the command line
         return _error(str(err), 2)
     except (OSError, ValueError, WeightsError, pickle.UnpicklingError) as err:  # a file that cannot be used

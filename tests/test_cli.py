@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -194,6 +196,26 @@ def test_describe_captions_a_list_of_pairs(tmp_path: Path, capsys: pytest.Captur
         with pytest.raises(SystemExit) as exit_info:
             main([*base, *extra])
         assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_describe_stops_quietly_when_its_reader_does(tmp_path: Path) -> None:
+    """``namc describe --pairs LIST | head -1``: once the reader closes the pipe the command stops, with 141 (as
+    SIGPIPE would end it) and nothing on stderr, not a "Broken pipe" error or a traceback."""
+    torch.manual_seed(0)
+    model_dir = create_model("namc_tiny", pretraining=False).save_pretrained(tmp_path / "model")
+    pair = make_pair(0, 1)
+    render_scene(pair.before, 64).save(tmp_path / "a.png")
+    render_scene(pair.after, 64).save(tmp_path / "b.png")
+    (tmp_path / "pairs.txt").write_text("a.png b.png\n" * 400, encoding="utf-8")
+    argv = ["describe", "--model", str(model_dir), "--pairs", str(tmp_path / "pairs.txt"), "--batch-size", "2"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "namc", *argv], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    first = json.loads(child.stdout.readline())
+    child.stdout.close()  # the reader stops after one line
+    _, err = child.communicate(timeout=300)
+    assert first["line"] == 1 and first["caption"]
+    assert child.returncode == 141 and err.decode() == "", err.decode()
 
 
 def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
