@@ -31,7 +31,8 @@ from namc.models.precision import (
     inference_copy,
     int8_grid,
 )
-from namc.models.qlinear import DynamicLinear
+from namc.models.qconv import QuantStem
+from namc.models.qlinear import KERNELS_ENV, DynamicLinear, int8_kernels
 
 PAIRS = 16
 # Share of identical captions each precision must reach against fp32 on the 48 pairs. bf16 keeps 8 mantissa bits
@@ -90,15 +91,23 @@ def trained(one_thread):
     return model.eval(), images[0], images[1]
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid"])
-def test_low_precision_captions_agree_with_fp32(trained, precision):
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid", "int8 static grid, plain kernels"])
+def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch):
+    """bf16 and int8 against fp32; int8 also with the grid in static int8, and on the plain int8 kernels that take
+    over where PyTorch no longer has its quantised dtypes (namc.models.qlinear.int8_kernels)."""
     model, images_1, images_2 = trained
     fp32 = model.generate(images_1, images_2)
     assert len(set(fp32[:PAIRS])) == PAIRS  # the fixture's model writes a different caption for every trained pair
-    if precision == "int8 static grid":  # the grid's blocks in int8 too, calibrated on the trained pairs' images
-        model = copy.deepcopy(model)
+    if precision.startswith("int8 static grid"):  # the grid's blocks in int8 too, calibrated on the trained pairs
+        if precision.endswith("plain kernels"):
+            monkeypatch.setenv(KERNELS_ENV, "plain")
+        model = copy.deepcopy(model)  # its own int8 copy, built on the kernels chosen now
         calibrate_int8(model, [images_1[:PAIRS], images_2[:PAIRS]])
         precision = "int8"
+        kernels = {m.kernels for m in inference_copy(model, "int8").modules() if isinstance(m, DynamicLinear)}
+        assert kernels == {int8_kernels()}
+        stem = inference_copy(model, "int8").grid.backbone.conv1
+        assert isinstance(stem, QuantStem) and stem.plain is (int8_kernels() == "plain")
     low = model.generate(images_1, images_2, precision=precision)
     same = [a == b for a, b in zip(fp32, low)]
     assert all(same[:PAIRS])  # the trained pairs have wide margins
@@ -141,8 +150,9 @@ def test_copies_are_reused_and_rebuilt_after_training(trained):
     assert second is not first
     assert torch.equal(second.fdg.tok.weight, model.fdg.tok.weight.bfloat16())
     (vocab,) = inference_copy(model, "int8").fdg._packed_step[0].vocab  # built after the update: follows it
-    new = model.fdg.tok.weight
-    torch.testing.assert_close(vocab.weight().dequantize(), new, rtol=0, atol=new.abs().max().item() / 100)
+    x = torch.randn(4, model.config.dim)
+    expected = x @ model.fdg.tok.weight.T
+    assert ((vocab(x) - expected).norm() / expected.norm()).item() < 0.03  # int8 rounding (1-1.5%), not the old sign
 
 
 def test_int8_copy_packs_every_step_matrix(trained):

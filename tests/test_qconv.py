@@ -93,10 +93,26 @@ def test_quant_stem_is_the_fp32_stem_and_max_pool():
         expected = pool(fused(pixels))
         stem = qconv.QuantStem(fused, pool, peak, float(expected.max()))
         out = stem(pixels)
-    assert out.dtype == torch.uint8 and out.shape == expected.shape and qconv._stem_available()
+    assert out.dtype == torch.uint8 and out.shape == expected.shape and qconv._stem_available(False)
     assert out.is_contiguous(memory_format=torch.channels_last)
     error = ((out.float() * stem.conv.out_scale - expected).norm() / expected.norm()).item()
     assert error < 0.01, error
+
+
+@pytest.mark.skipif(not qconv._stem_available(False), reason="this torch cannot pool quantised tensors")
+def test_plain_quantisation_and_pooling_give_the_same_codes():
+    """The plain forms that take over where PyTorch no longer has quantised dtypes: the pixels' codes (zero point
+    0 and 128) and the max-pool of uint8 codes (its plain uint8 kernel fails on these channels-last shapes) are the
+    quantised forms' to the bit, layout kept."""
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(2, 64, 28, 30, generator=g)).contiguous(memory_format=torch.channels_last)
+    for zero in (0, 128):
+        plain, quantised = qconv.quantize_u8(x, 0.02, zero, plain=True), qconv.quantize_u8(x, 0.02, zero)
+        assert torch.equal(plain, quantised) and plain.is_contiguous(memory_format=torch.channels_last)
+    codes = qconv.quantize_u8(x, 0.02, 128)
+    pooled = qconv.max_pool_u8(codes, 3, 2, 1, plain=True)
+    assert torch.equal(pooled, qconv.max_pool_u8(codes, 3, 2, 1))
+    assert pooled.dtype == torch.uint8 and pooled.is_contiguous(memory_format=torch.channels_last)
 
 
 def _grid(arch: str) -> GridEncoder:

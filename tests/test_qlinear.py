@@ -11,7 +11,20 @@ import torch
 from torch import nn
 
 from namc.models.fusion import ConcatFusion
-from namc.models.qlinear import DynamicLinear, full_range, int8_linear, quantize_linears
+from namc.models.qlinear import (
+    KERNELS_ENV,
+    DynamicLinear,
+    full_range,
+    int8_kernels,
+    int8_linear,
+    quantize_activations,
+    quantize_linears,
+    quantize_weight,
+    weight_codes,
+)
+
+QUANTIZED = hasattr(torch.ops.quantized, "linear_dynamic")
+KERNELS = ["quantized", "plain"] if QUANTIZED else ["plain"]
 
 
 def _error(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -19,12 +32,13 @@ def _error(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.skipif(not full_range(), reason="this CPU has no VNNI: activations stay at 7 bits")
+@pytest.mark.skipif(not QUANTIZED, reason="this torch has no quantised int8 kernels")
 def test_activations_use_8_bits_with_vnni():
     g = torch.Generator().manual_seed(0)
     weight, bias = 0.02 * torch.randn(256, 768, generator=g), 0.01 * torch.randn(256, generator=g)
     x = torch.randn(32, 768, generator=g)
     x[:, :4] *= 8  # a few large features widen the range, as after LayerNorm in trained models
-    layer = int8_linear(weight, bias)
+    layer = DynamicLinear(weight, bias, kernels="quantized")
     ref = x @ weight.T + bias
     with torch.inference_mode():
         y = layer(x)
@@ -34,8 +48,9 @@ def test_activations_use_8_bits_with_vnni():
     assert _error(y, ref) < 0.6 * _error(seven_bit, ref)  # measured 0.50x: one more bit halves the error
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("width", [768, 3072])
-def test_no_saturation_at_the_top_of_the_range(width):
+def test_no_saturation_at_the_top_of_the_range(width, kernels):
     """Rows of maximal weight codes times inputs at the top of the uint8 range: a kernel that summed two products in
     int16 (x86 without VNNI) would saturate here; the layer must not (measured 0.5% error, rounding alone)."""
     weight = torch.full((64, width), 0.02)
@@ -43,7 +58,7 @@ def test_no_saturation_at_the_top_of_the_range(width):
     x = torch.full((4, width), 3.0)
     x[:, ::7] = -0.5
     with torch.inference_mode():
-        assert _error(int8_linear(weight, None)(x), x @ weight.T) < 0.01
+        assert _error(DynamicLinear(weight, None, kernels)(x), x @ weight.T) < 0.01
 
 
 def test_quantize_linears_replaces_every_linear():
@@ -81,11 +96,12 @@ def test_linear_subclasses_take_their_own_int8_form_or_raise():
     assert type(attention.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
 
 
-def test_the_same_layers_as_pytorchs_flow_without_it():
+def test_the_same_layers_as_pytorchs_flow_without_it(monkeypatch):
     """namc quantises the weights itself (torch.ao.quantization is deprecated, to be removed): the codes, scales and
     zero points of PyTorch's per-channel dynamic flow to the bit, rows of zeros and of one sign included, so the
     outputs are the same; building a copy warns of no deprecation; the copy keeps none of the replaced fp32 weights."""
     flow = pytest.importorskip("torch.ao.quantization")
+    monkeypatch.setenv(KERNELS_ENV, "quantized")  # PyTorch's flow runs on the quantised kernels
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32, bias=False)).eval()
     with torch.no_grad():
@@ -104,7 +120,7 @@ def test_the_same_layers_as_pytorchs_flow_without_it():
         assert torch.equal(a.int_repr(), b.int_repr())
         assert torch.equal(a.q_per_channel_scales(), b.q_per_channel_scales())
         assert torch.equal(a.q_per_channel_zero_points(), b.q_per_channel_zero_points())
-        assert (mine.bias() is None) == (theirs.bias() is None)
+        assert mine.has_bias == (theirs.bias() is not None)
     x = torch.randn(5, 64)
     with torch.inference_mode():
         theirs = [m._packed_params._packed_params for m in (ref[0], ref[2])]
@@ -112,3 +128,45 @@ def test_the_same_layers_as_pytorchs_flow_without_it():
         y = torch.ops.quantized.linear_dynamic(net[1](h), theirs[1], reduce_range=not full_range())
         assert torch.equal(q(x), y)
         assert torch.equal(copy.deepcopy(q)(x), y)  # the packed weights survive a copy
+
+
+@pytest.mark.skipif(not QUANTIZED, reason="this torch has no quantised int8 kernels to compare with")
+def test_plain_kernels_give_the_quantised_kernels_outputs(monkeypatch):
+    """Where PyTorch drops its quantised dtypes (pytorch/pytorch#184982), namc's int8 layers run on oneDNN's int8
+    linear over plain int8 / uint8 tensors: the same weight codes and scales, the activations' scale and zero point
+    that PyTorch's dynamic kernel chooses, so the same outputs up to float rounding (measured 6e-8 apart); a copy
+    of such a layer works (oneDNN's packed weight cannot be copied, so copies share it); the environment chooses,
+    and a value it does not know is an error."""
+    g = torch.Generator().manual_seed(0)
+    weight, bias = 0.02 * torch.randn(300, 96, generator=g), 0.01 * torch.randn(300, generator=g)
+    weight[3] = 0  # a row of zeros: the smallest scale
+    weight[5] = torch.rand(96, generator=g)  # a row of one sign
+    codes, scales = weight_codes(weight)
+    reference = quantize_weight(weight)
+    assert torch.equal(codes, reference.int_repr()) and torch.equal(scales.double(), reference.q_per_channel_scales())
+    x = torch.randn(2, 7, 96, generator=g)
+    x[..., :3] *= 8  # a few large features
+    levels = 256 if full_range() else 128
+    q, scale, zero = quantize_activations(x, levels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = torch.quantize_per_tensor_dynamic(x, torch.quint8, levels == 128)
+    assert abs(scale.item() - theirs.q_scale()) < 1e-6 * theirs.q_scale() and zero.item() == theirs.q_zero_point()
+    assert (q.int() - theirs.int_repr().int()).abs().max() <= 1  # a code apart where float rounding ties differ
+    quantised, plain = DynamicLinear(weight, bias, "quantized"), DynamicLinear(weight, bias, "plain")
+    with torch.inference_mode():
+        expected = quantised(x)
+        for inputs in (x, x[0], x.reshape(-1, 96)):
+            torch.testing.assert_close(plain(inputs), quantised(inputs), rtol=0, atol=1e-5)
+        torch.testing.assert_close(plain(torch.zeros(3, 96)), bias.expand(3, -1), rtol=0, atol=1e-6)
+        assert plain(x.bfloat16()).dtype == torch.bfloat16
+        assert torch.equal(copy.deepcopy(plain)(x), plain(x))
+        assert _error(plain(x), x @ weight.T + bias) < 0.05  # measured 3.1%: the large features widen the range
+    assert _error(expected, x @ weight.T + bias) < 0.05
+    monkeypatch.setenv(KERNELS_ENV, "plain")
+    assert int8_kernels() == "plain" and int8_linear(weight, bias).kernels == "plain"
+    net = quantize_linears(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)))
+    assert [m.kernels for m in net.modules() if isinstance(m, DynamicLinear)] == ["plain", "plain"]
+    monkeypatch.setenv(KERNELS_ENV, "int4")
+    with pytest.raises(ValueError, match="NAMC_INT8_KERNELS='int4': expected 'quantized' or 'plain'"):
+        int8_linear(weight, bias)

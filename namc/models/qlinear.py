@@ -21,13 +21,53 @@ few large features) at the same speed (7.79 vs 7.74 ms), and inputs at the top o
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 
 import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-__all__ = ["DynamicLinear", "full_range", "int8_forms", "int8_linear", "quantize_linears", "quantize_weight"]
+__all__ = [
+    "DynamicLinear",
+    "full_range",
+    "int8_forms",
+    "int8_kernels",
+    "int8_linear",
+    "quantize_activations",
+    "quantize_linears",
+    "quantize_weight",
+    "weight_codes",
+    "weight_scales",
+]
+
+
+KERNELS_ENV = "NAMC_INT8_KERNELS"
+_QUANTIZED_OPS: bool | None = None
+
+
+def int8_kernels() -> str:
+    """Which kernels namc's int8 layers run on: ``"quantized"``, PyTorch's dynamic int8 linear on its quantised
+    dtypes (``quantized::linear_dynamic``), where this torch has it; else ``"plain"``, plain int8 / uint8 tensors
+    into oneDNN's int8 linear (``onednn::qlinear_pointwise``, the kernel of PyTorch's PT2E x86 flow and torchao).
+
+    PyTorch deprecates the quantised dtypes (pytorch/pytorch#184982, torch >= 2.13 warns) and will remove them; on
+    a torch without them namc's int8 keeps running on the plain kernels. These cost more in eager PyTorch, which
+    quantises the activations in four passes where the quantised kernel takes one (two EPYC threads, per layer:
+    1 x 768 x 3072 2.0x the time, 32 x 768 x 3072 1.8x, MIR's 12544 x 3072 x 768 1.8x; the 32-row vocabulary
+    projection and MIR's 12544 x 768 x 3072 0.9-1.0x), with the same error against fp32. ``NAMC_INT8_KERNELS=plain``
+    (or ``quantized``) chooses for the copies built after it is set.
+    """
+    global _QUANTIZED_OPS
+    choice = os.environ.get(KERNELS_ENV, "").strip().lower()
+    if choice not in ("", "quantized", "plain"):
+        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected 'quantized' or 'plain'")
+    if _QUANTIZED_OPS is None:
+        ops = ("linear_prepack", "linear_dynamic", "linear_unpack")
+        _QUANTIZED_OPS = all(hasattr(torch.ops.quantized, op) for op in ops) and hasattr(torch, "quantize_per_channel")
+    if choice == "quantized" and not _QUANTIZED_OPS:
+        raise RuntimeError(f"{KERNELS_ENV}=quantized: this torch ({torch.__version__}) has no quantised int8 kernels")
+    return choice or ("quantized" if _QUANTIZED_OPS else "plain")
 
 
 def full_range() -> bool:
@@ -37,30 +77,79 @@ def full_range() -> bool:
     return bool(check()) if check is not None else False
 
 
-def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A (out, in) weight as a qint8 tensor with one symmetric scale per output channel: ``max |w_row| / 127.5``
-    (at least float32's eps), zero point 0; the scales of PyTorch's per-channel weight observer, to the bit."""
+def weight_scales(weight: torch.Tensor) -> torch.Tensor:
+    """One symmetric scale per output channel of a (out, in) weight: ``max |w_row| / 127.5``, at least float32's
+    eps; the scales of PyTorch's per-channel weight observer, to the bit."""
     w = weight.detach().float()
     peak = torch.maximum(-w.amin(dim=1).clamp(max=0), w.amax(dim=1).clamp(min=0))
-    scale = torch.clamp(peak / 127.5, min=torch.finfo(torch.float32).eps)
-    zero = torch.zeros(w.shape[0], dtype=torch.int64)
+    return torch.clamp(peak / 127.5, min=torch.finfo(torch.float32).eps)
+
+
+def weight_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (out, in) weight as plain int8 codes and their float32 per-channel scales (:func:`weight_scales`); the
+    codes :func:`quantize_weight` gives, to the bit (rounded to nearest even after multiplying by ``1 / scale``)."""
+    scale = weight_scales(weight)
+    codes = torch.round(weight.detach().float() * (1 / scale)[:, None]).clamp_(-128, 127).to(torch.int8)
+    return codes, scale
+
+
+def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A (out, in) weight as a qint8 tensor with one symmetric scale per output channel (:func:`weight_scales`),
+    zero point 0, for PyTorch's quantised kernel."""
+    scale = weight_scales(weight)
+    zero = torch.zeros(weight.shape[0], dtype=torch.int64)
     with warnings.catch_warnings():  # the kernel takes a quantised tensor; nothing else sees it
         warnings.filterwarnings("ignore", message=".*quantize_per.*", category=UserWarning)
-        return torch.quantize_per_channel(w, scale.double(), zero, 0, torch.qint8)
+        return torch.quantize_per_channel(weight.detach().float(), scale.double(), zero, 0, torch.qint8)
+
+
+def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` as uint8 codes with one scale and zero point over the whole tensor, as PyTorch's dynamic kernel
+    chooses them (the range of ``x`` widened to hold 0, ``levels - 1`` steps, zero point rounded), in plain
+    operations: ``(codes, scale, zero_point)``, the last two as 0-d tensors (no synchronisation with the host)."""
+    lo, hi = torch.aminmax(x)
+    lo, hi = lo.clamp(max=0), hi.clamp(min=0)
+    scale = (hi - lo) / (levels - 1)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero input: any scale, codes at zero
+    zero = torch.round(-lo / scale).clamp_(0, levels - 1)
+    codes = (x * (1 / scale)).round_().add_(zero).clamp_(0, levels - 1).to(torch.uint8)
+    return codes, scale, zero.to(torch.int64)
+
+
+class _Packed:
+    """oneDNN's packed int8 weight: an opaque tensor that PyTorch cannot copy, and never changes, so copies of a
+    layer share it."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __deepcopy__(self, memo: dict) -> _Packed:
+        return self
 
 
 class DynamicLinear(nn.Module):
-    """``y = x W^T + b`` with ``W`` in int8 (:func:`quantize_weight`) packed once for the kernel, ``x`` quantised per
-    call (8 bits where :func:`full_range`, else 7 as PyTorch's module); fp32 bias and output, cast to ``x``'s dtype.
-    Built from fp32 weights at inference; not part of any state dict (namc saves the fp32 model)."""
+    """``y = x W^T + b`` with ``W`` in int8 (per-channel symmetric scales) packed once for the kernel, ``x``
+    quantised per call (8 bits where :func:`full_range`, else 7 as PyTorch's module); fp32 bias and output, cast to
+    ``x``'s dtype. On the kernels :func:`int8_kernels` names. Built from fp32 weights at inference; not part of any
+    state dict (namc saves the fp32 model)."""
 
     _full_range = None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels: str | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.kernels = kernels or int8_kernels()
         bias = None if bias is None else bias.detach().float().clone()
-        self.packed = torch.ops.quantized.linear_prepack(quantize_weight(weight), bias)
+        self.has_bias = bias is not None
+        if self.kernels == "quantized":
+            self.packed = torch.ops.quantized.linear_prepack(quantize_weight(weight), bias)
+        else:
+            codes, self.w_scales = weight_codes(weight)
+            self.onednn_weight = _Packed(torch.ops.onednn.qlinear_prepack(codes, None))
+            self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
+            self.plain_bias = bias
 
     @classmethod
     def from_linear(cls, layer: nn.Linear) -> DynamicLinear:
@@ -69,18 +158,25 @@ class DynamicLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if DynamicLinear._full_range is None:
             DynamicLinear._full_range = full_range()
-        y = torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range=not DynamicLinear._full_range)
-        return y.to(x.dtype)
+        if self.kernels == "quantized":
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range=not DynamicLinear._full_range)
+            return y.to(x.dtype)
+        rows = x.reshape(-1, self.in_features).float()
+        codes, scale, zero = quantize_activations(rows, 256 if DynamicLinear._full_range else 128)
+        y = torch.ops.onednn.qlinear_pointwise.tensor(
+            codes, scale, zero, self.onednn_weight.tensor, self.w_scales, self.w_zero, self.plain_bias,
+            1.0, 0, torch.float32, "none", [], "",
+        )  # fmt: skip
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def weight(self) -> torch.Tensor:
-        """The qint8 weight (``.dequantize()`` gives its fp32 values)."""
+        """The qint8 weight (``.dequantize()`` gives its fp32 values); the quantised kernels only."""
+        if self.kernels != "quantized":
+            raise RuntimeError("the plain kernels keep their weight packed for oneDNN only")
         return torch.ops.quantized.linear_unpack(self.packed)[0]
 
-    def bias(self) -> torch.Tensor | None:
-        return torch.ops.quantized.linear_unpack(self.packed)[1]
-
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias() is not None}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, {self.kernels}"
 
     def _get_name(self) -> str:
         return "DynamicInt8Linear"
