@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import pickle
 import sys
 import time
@@ -43,7 +42,9 @@ from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
 from namc.models.precision import PRECISIONS, check_precision
 from namc.models.shortlist import Shortlist
+from namc.runtime import stdout_closed
 from namc.text.tokenizer import WordTokenizer
+from namc.text.vocab import read_captions
 
 ImageLike = str | Path | Image.Image
 
@@ -189,26 +190,6 @@ def _issue(err: Exception) -> IssueKind:
 # ------------------------------------------------------------------------------------------------ the command
 
 
-def read_captions(path: str | Path) -> list[str]:
-    """The non-blank lines of a UTF-8 text file (one caption per line), e.g. for :meth:`NAMC.shortlist
-    <namc.models.namc.NAMC.shortlist>`; a missing file or a line that is not UTF-8 names the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"captions file not found: {path}")
-    lines = []
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise ValueError(f"{path}: line {number} is not UTF-8 text") from None
-            if line:
-                lines.append(line)
-    if not lines:
-        raise ValueError(f"{path}: no captions (every line is blank)")
-    return lines
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -347,15 +328,6 @@ def _note_unknown_words(model: NAMC, captions: list[str], source: str) -> None:
               "listed as [UNK], which the caption may then use", file=sys.stderr)  # fmt: skip
 
 
-def _stdout_closed() -> int:
-    """Exit as a process that SIGPIPE ended would (status 141, nothing on stderr), after pointing stdout at
-    /dev/null so that Python's flush at exit does not fail on the closed pipe once more."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return 141  # 128 + SIGPIPE (13), what a shell reports for a process the signal ended
-
-
 def _error(message: str, code: int) -> int:
     print(f"namc describe: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
@@ -404,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             precision=args.precision, vocabulary=vocabulary,
         )  # fmt: skip
     except BrokenPipeError:  # the reader of stdout stopped (`namc describe --pairs LIST | head`): stop too
-        return _stdout_closed()
+        return stdout_closed()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path on the command line
         return _error(str(err), 2)
     except (OSError, ValueError, WeightsError, pickle.UnpicklingError) as err:  # a file that cannot be used

@@ -1,4 +1,5 @@
-"""Process-wide settings for fast CPU inference: how the C allocator treats the large tensors of batched inference.
+"""Process-wide settings for fast CPU inference: how the C allocator treats the large tensors of batched inference
+(and how a command exits when the reader of its output has gone).
 
 PyTorch allocates CPU tensors with the C library's ``malloc``. glibc serves every block above its mmap threshold
 (at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, so each such tensor starts on pages the kernel has
@@ -25,8 +26,9 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import sys
 
-__all__ = ["ALLOCATORS", "allocator_settings", "reuse_freed_memory"]
+__all__ = ["ALLOCATORS", "allocator_settings", "reuse_freed_memory", "stdout_closed"]
 
 ALLOCATORS = ("reuse", "system")  # namc benchmark --allocator
 
@@ -74,3 +76,13 @@ def allocator_settings() -> dict[str, str | bool | None]:
         "ld_preload": _preloaded(),
         "reuse_freed_memory": _state["reuse_freed_memory"],
     }
+
+
+def stdout_closed() -> int:
+    """The exit status of a command whose reader of stdout went away (``namc describe --pairs LIST | head``): 141,
+    as a shell reports a process that SIGPIPE ended, after pointing stdout at /dev/null so that Python's flush at
+    exit does not fail on the closed pipe once more. The caller returns it, printing nothing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE (13)

@@ -10,7 +10,8 @@ import namc
 from namc.data.collate import CaptionCollator, PretrainCollator
 from namc.models import NAMC, load_model
 from namc.models.encoders import ClipDualEncoder
-from namc.models.io import WeightsError, checkpoint_entry, load_strict, skip_random_init
+from namc.models.io import WeightsError, checkpoint_entry, load_strict
+from namc.models.skip_init import skip_random_init
 from namc.objectives import finetune_step, pretrain_step
 from namc.text.tokenizer import ClipBPETokenizer, WordTokenizer, load_tokenizer
 

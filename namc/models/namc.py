@@ -39,7 +39,6 @@ from namc.models.io import (
     read_config,
     read_tokenizer,
     save_safetensors,
-    skip_random_init,
     verify_folder,
     write_config,
 )
@@ -51,6 +50,7 @@ from namc.models.precision import (
     save_int8_calibration,
 )
 from namc.models.shortlist import SHORTLIST_FILE, Shortlist, load_shortlist, save_shortlist
+from namc.models.skip_init import skip_random_init
 from namc.models.vqgan import VQGANTokenizer
 from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 

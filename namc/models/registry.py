@@ -13,9 +13,10 @@ from typing import Any
 
 from namc.models.config import NAMCConfig
 from namc.models.hub import is_hub_id, resolve_model_path
-from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint, skip_random_init
+from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint
 from namc.models.namc import NAMC
 from namc.models.shortlist import Shortlist
+from namc.models.skip_init import skip_random_init
 from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer, tokenizer_from_dict
 from namc.text.vocab import default_word_texts
 

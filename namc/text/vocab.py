@@ -1,8 +1,11 @@
-"""Default vocabularies: the words a ``word``-tokenizer preset starts from when it is given no tokenizer."""
+"""Default vocabularies: the words a ``word``-tokenizer preset starts from when it is given no tokenizer; and the
+captions file a vocabulary shortlist is read from (``namc describe --vocabulary``)."""
 
 from __future__ import annotations
 
-__all__ = ["default_word_texts"]
+from pathlib import Path
+
+__all__ = ["default_word_texts", "read_captions"]
 
 _COLORS = "gray red blue green brown purple cyan yellow"
 _WORDS = (
@@ -20,3 +23,23 @@ def default_word_texts() -> list[str]:
     It covers the template and CLEVR-style change captions; build a real one with ``WordTokenizer.build(corpus)``.
     """
     return [_WORDS]
+
+
+def read_captions(path: str | Path) -> list[str]:
+    """The non-blank lines of a UTF-8 text file (one caption per line), e.g. for :meth:`NAMC.shortlist
+    <namc.models.namc.NAMC.shortlist>`; a missing file or a line that is not UTF-8 names the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"captions file not found: {path}")
+    lines = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}: line {number} is not UTF-8 text") from None
+            if line:
+                lines.append(line)
+    if not lines:
+        raise ValueError(f"{path}: no captions (every line is blank)")
+    return lines

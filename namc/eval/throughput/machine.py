@@ -16,6 +16,7 @@ import torch
 from namc.eval.throughput.settings import THREADING_ENV
 from namc.eval.throughput.timing import summarize, time_calls
 from namc.models.onednn import linear_available as onednn_linear_available
+from namc.models.qlinear import int8_kernels
 from namc.runtime import allocator_settings
 
 __all__ = ["describe_machine", "measure_matmul"]
@@ -70,6 +71,7 @@ def describe_machine(device: torch.device) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "mkl": torch.backends.mkl.is_available(),
         "mkldnn": torch.backends.mkldnn.is_available(),
+        "int8_kernels": int8_kernels(),
         "device": str(device),
         "gpu": _gpu(device),
         "allocator": allocator_settings(),

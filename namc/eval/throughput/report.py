@@ -108,6 +108,7 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
         f"static_decode={s['static_decode']}  shortlist={_shortlist(mdl['shortlist'])}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
         f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch_version']}"
+        + (f", int8 kernels {m['int8_kernels']}" if s["precision"] == "int8" else "")
         + (f", GPU {m['gpu']['name']}" if m["gpu"] else "")
         + load,
         f"parameters: total {p['total'] / 1e6:.1f}M, inference {p['inference'] / 1e6:.1f}M "

@@ -27,9 +27,9 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 5  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+SCHEMA_VERSION = 6  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
-# settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist
+# settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -164,6 +164,12 @@ _MACHINE = {
     "torch_version": _field("string", "`torch.__version__`"),
     "mkl": _field("boolean", "torch's MKL is available"),
     "mkldnn": _field("boolean", "torch's oneDNN (MKL-DNN) is available"),
+    "int8_kernels": _enum(
+        ["quantized", "plain"],
+        "the kernels int8 layers run on here (`namc.models.qlinear.int8_kernels`): PyTorch's quantised dtypes, or "
+        "plain int8 / uint8 tensors into oneDNN's int8 linear (a torch without quantised dtypes, or "
+        "`NAMC_INT8_KERNELS=plain`)",
+    ),
     "device": _field("string", "the measured device"),
     "gpu": _object(_GPU, "the GPU of CUDA runs, else null", nullable=True),
     "allocator": _object(
