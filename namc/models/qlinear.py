@@ -108,11 +108,11 @@ def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, to
     chooses them (the range of ``x`` widened to hold 0, ``levels - 1`` steps, zero point rounded), in plain
     operations: ``(codes, scale, zero_point)``, the last two as 0-d tensors (no synchronisation with the host)."""
     lo, hi = torch.aminmax(x)
-    lo, hi = lo.clamp(max=0), hi.clamp(min=0)
-    scale = (hi - lo) / (levels - 1)
+    lo, hi = lo.double().clamp(max=0), hi.double().clamp(min=0)
+    scale = ((hi - lo) / (levels - 1)).float()  # in double, then float, as PyTorch: the same scale to the bit
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero input: any scale, codes at zero
-    zero = torch.round(-lo / scale).clamp_(0, levels - 1)
-    codes = (x * (1 / scale)).round_().add_(zero).clamp_(0, levels - 1).to(torch.uint8)
+    zero = torch.round(-lo / scale.double()).clamp_(0, levels - 1)
+    codes = (x * (1 / scale)).round_().add_(zero.float()).clamp_(0, levels - 1).to(torch.uint8)
     return codes, scale, zero.to(torch.int64)
 
 
