@@ -54,7 +54,7 @@ def quantize_u8(x: torch.Tensor, scale: float, zero_point: int = 0, plain: bool 
     ``torch.quantize_per_tensor`` + ``int_repr`` (one pass each): 5.6x faster than the decomposed op PT2E graphs use
     when run eagerly. Its quantised-tensor deprecation warning does not apply here: the result is a plain uint8
     tensor. ``plain`` (the :func:`~namc.models.qlinear.int8_kernels` of a torch without quantised dtypes): the same
-    codes from plain operations, in four passes."""
+    codes from plain operations, in five passes."""
     if plain:
         return x.float().mul(1 / scale).round_().add_(zero_point).clamp_(0, 255).to(torch.uint8)
     with warnings.catch_warnings():

@@ -53,7 +53,7 @@ def int8_kernels() -> str:
 
     PyTorch deprecates the quantised dtypes (pytorch/pytorch#184982, torch >= 2.13 warns) and will remove them; on
     a torch without them namc's int8 keeps running on the plain kernels. These cost more in eager PyTorch, which
-    quantises the activations in four passes where the quantised kernel takes one (two EPYC threads, per layer:
+    quantises the activations in six passes where the quantised kernel takes one (two EPYC threads, per layer:
     1 x 768 x 3072 2.0x the time, 32 x 768 x 3072 1.8x, MIR's 12544 x 3072 x 768 1.8x; the 32-row vocabulary
     projection and MIR's 12544 x 768 x 3072 0.9-1.0x), with the same error against fp32. ``NAMC_INT8_KERNELS=plain``
     (or ``quantized``) chooses for the copies built after it is set.
