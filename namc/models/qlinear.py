@@ -1,13 +1,18 @@
 """Dynamic int8 linear layers: int8 weights with one scale per output channel, activations quantised per call, on
-PyTorch's x86 kernel (``quantized::linear_dynamic``). The int8 precision of :mod:`namc.models.precision` (MIR, FDG's
-decoding step), the CLIP4IDC peer's int8 copy and the benchmark's int8 GEMM reference all use :func:`int8_linear` /
-:func:`quantize_linears`.
+PyTorch's x86 kernel (``quantized::linear_dynamic``, or oneDNN's int8 linear where PyTorch has no quantised dtypes).
+The int8 precision of :mod:`namc.models.precision` (MIR, FDG's decoding step), the CLIP4IDC peer's int8 copy and the
+benchmark's int8 GEMM reference all use :func:`int8_linear` / :func:`quantize_linears`.
 
 **No ``torch.ao.quantization``.** PyTorch deprecated its eager quantization flow (``quantize_dynamic``, its observers
 and modules) for torchao and announced its removal; namc calls the kernels themselves (``quantized::linear_prepack``,
 ``quantized::linear_dynamic``) and quantises the weights as that flow's per-channel symmetric observer does, so the
 layers are the same to the bit (tests/test_qlinear.py compares them while the flow exists) and a torch without it
 still imports and runs namc.
+
+**No quantised dtypes where PyTorch has none.** PyTorch deprecates ``torch.qint8`` / ``torch.quint8`` too
+(pytorch/pytorch#184982), which ``quantized::linear_dynamic`` takes. Where a torch lacks them, every layer runs on
+plain int8 / uint8 tensors and oneDNN's int8 linear instead, with the same weight and activation codes
+(:func:`int8_kernels`; slower in eager PyTorch, which quantises each activation in several passes).
 
 **8-bit activations where the CPU has VNNI.** PyTorch's dynamic linear module quantises its input to 7 bits
 (``reduce_range=True``): without VNNI, x86 multiplies uint8 by int8 with ``vpmaddubsw``, whose int16 sum of two

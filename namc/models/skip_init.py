@@ -11,15 +11,15 @@ __all__ = ["skip_random_init"]
 
 class skip_random_init(TorchFunctionMode):  # noqa: N801 (used as a context manager, like torch.no_grad)
     """Build modules without drawing their random initial weights, for a strict load to fill: ``with
-    skip_random_init(): model = NAMC(config, tokenizer)``, then :func:`load_strict`.
+    skip_random_init(): model = NAMC(config, tokenizer)``, then :func:`~namc.models.io.load_strict`.
 
-    Random initialisation is most of the time it takes to build a model only to overwrite it (namc_base: 0.8 of
-    1.0 s, ``normal_`` and ``uniform_`` over 106M parameters). Inside the block ``torch.nn.init``'s random fills
-    and the tensor methods ``normal_``, ``uniform_`` and ``random_`` leave their tensor as allocated, and
-    ``torch.randn`` and ``torch.rand`` (open_clip's class and position embeddings) allocate without drawing;
-    everything else runs (constant fills, BatchNorm's ones and zeros, non-persistent buffers such as the grid's
-    ImageNet mean and CLIP's causal mask, which no state dict carries), and the random generator is left as it was.
-    The parameters hold whatever memory they were given until the load, so use it only where :func:`load_strict`
+    Random initialisation is most of the time it takes to build a model only to overwrite it (namc_base: 0.8 of 1.0
+    s, ``normal_`` and ``uniform_`` over 106M parameters). Inside the block ``torch.nn.init``'s random fills and the
+    tensor methods ``normal_``, ``uniform_`` and ``random_`` leave their tensor as allocated, and ``torch.randn``
+    and ``torch.rand`` (open_clip's class and position embeddings) allocate without drawing; everything else runs
+    (constant fills, BatchNorm's ones and zeros, non-persistent buffers such as the grid's ImageNet mean and CLIP's
+    causal mask, which no state dict carries), and the random generator is left as it was. The parameters hold
+    whatever memory they were given until the load, so use it only where :func:`~namc.models.io.load_strict`
     follows, which refuses a state dict that misses any key. Unlike building on the ``meta`` device, it needs no way
     to rebuild the buffers a state dict lacks.
     """
