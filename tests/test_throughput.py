@@ -17,7 +17,7 @@ from namc.eval import throughput as tp
 from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
 from namc.models.precision import int8_calibration
-from namc.models.qlinear import DynamicLinear
+from namc.models.qlinear import DynamicLinear, int8_kernels
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmark_schema.md"
 QUICK = ["--threads", "1", "--repeats", "2", "--warmup", "1", "--gemm-size", "128", "--max-new-tokens", "5"]
@@ -276,6 +276,7 @@ def test_low_precision_run(tmp_path, precision, grid):
     assert report["settings"]["precision"] == precision
     assert report["model"]["grid_precision"] == grid
     assert report["matmul"]["dtype"] == {"bf16": "bfloat16", "int8": "int8"}[precision]
+    assert report["machine"]["int8_kernels"] == int8_kernels()  # the kernels its int8 layers ran on
     assert all(e["tokens_per_call"] == 10 for e in report["inference"])
 
 
