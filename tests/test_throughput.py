@@ -387,8 +387,9 @@ def test_shortlist_of_the_model(tmp_path, capsys):
     assert any("settings.shortlist" in e for e in tp.validate_report(bad))
 
 
-def test_bad_model_or_settings_is_one_line(tmp_path, capsys):
-    """What cannot run (no such model, a damaged folder, settings that contradict) exits 2 with one line."""
+def test_bad_model_or_settings_is_one_line(tmp_path, capsys, monkeypatch):
+    """What cannot run (no such model, a damaged folder, settings that contradict, int8 kernels that do not exist)
+    exits 2 with one line."""
     model = namc.create_model("namc_tiny", pretraining=False)
     model.save_pretrained(tmp_path / "tiny")
     weights = tmp_path / "tiny" / "model.safetensors"
@@ -402,6 +403,10 @@ def test_bad_model_or_settings_is_one_line(tmp_path, capsys):
         assert tp.main([*argv, *QUICK]) == 2
         err = capsys.readouterr().err
         assert err.startswith("namc benchmark: ") and words in err and err.count("\n") == 1, err
+    monkeypatch.setenv("NAMC_INT8_KERNELS", "int4")
+    assert tp.main(QUICK) == 2
+    err = capsys.readouterr().err
+    assert err == "namc benchmark: NAMC_INT8_KERNELS='int4': expected 'quantized' or 'plain'\n", err
 
 
 def test_gpu_session_script_names_its_missing_wheels(tmp_path):

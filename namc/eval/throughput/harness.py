@@ -37,6 +37,7 @@ from namc.models.precision import (
     int8_grid,
     set_int8_calibration,
 )
+from namc.models.qlinear import int8_kernels
 from namc.models.registry import create_model, list_models
 from namc.models.shortlist import Shortlist
 
@@ -89,6 +90,10 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BenchmarkInputError(f"device {settings.device!r} requested but CUDA is not available")
     dtype = DTYPES[settings.dtype]
+    try:  # this torch's int8 kernels, or NAMC_INT8_KERNELS's choice: every report records them
+        int8_kernels()
+    except (ValueError, RuntimeError) as err:
+        raise BenchmarkInputError(str(err)) from None
     machine = describe_machine(device)
     source = "object"
     if model is None:
