@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import os
+import struct
 import warnings
 
 import torch
@@ -58,9 +59,10 @@ def int8_kernels() -> str:
 
     PyTorch deprecates the quantised dtypes (pytorch/pytorch#184982, torch >= 2.13 warns) and will remove them; on
     a torch without them namc's int8 keeps running on the plain kernels. These cost more in eager PyTorch, which
-    quantises the activations in six passes where the quantised kernel takes one (two EPYC threads, per layer:
-    1 x 768 x 3072 2.0x the time, 32 x 768 x 3072 1.8x, MIR's 12544 x 3072 x 768 1.8x; the 32-row vocabulary
-    projection and MIR's 12544 x 768 x 3072 0.9-1.0x), with the same error against fp32. ``NAMC_INT8_KERNELS=plain``
+    quantises each activation in five passes after finding its range, where the quantised kernel makes one pass (two
+    EPYC threads, per layer, two runs: 1 x 768 x 3072 1.68-1.73x the time, 32 x 768 x 3072 1.49-1.55x, MIR's
+    12544 x 3072 x 768 1.75-1.78x; the 32-row vocabulary projection 0.90-0.96x and MIR's 12544 x 768 x 3072
+    0.97-1.00x), with the same codes and so the same error against fp32. ``NAMC_INT8_KERNELS=plain``
     (or ``quantized``) chooses for the copies built after it is set.
     """
     global _QUANTIZED_OPS
@@ -108,17 +110,23 @@ def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(weight.detach().float(), scale.double(), zero, 0, torch.qint8)
 
 
-def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, float, int]:
     """``x`` as uint8 codes with one scale and zero point over the whole tensor, as PyTorch's dynamic kernel
-    chooses them (the range of ``x`` widened to hold 0, ``levels - 1`` steps, zero point rounded), in plain
-    operations: ``(codes, scale, zero_point)``, the last two as 0-d tensors (no synchronisation with the host)."""
-    lo, hi = torch.aminmax(x)
-    lo, hi = lo.double().clamp(max=0), hi.double().clamp(min=0)
-    scale = ((hi - lo) / (levels - 1)).float()  # in double, then float, as PyTorch: the same scale to the bit
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero input: any scale, codes at zero
-    zero = torch.round(-lo / scale.double()).clamp_(0, levels - 1)
-    codes = (x * (1 / scale)).round_().add_(zero.float()).clamp_(0, levels - 1).to(torch.uint8)
-    return codes, scale, zero.to(torch.int64)
+    chooses them (the range of ``x`` widened to hold 0, ``levels - 1`` steps, the scale computed in double and
+    rounded to float, the zero point rounded), in plain operations: ``(codes, scale, zero_point)``. The scale and
+    zero point are worked out on the host from the range (two numbers): on a CPU reading them back costs nothing,
+    and a layer of one row makes six tensor operations instead of twenty."""
+    lo, hi = (float(v) for v in torch.aminmax(x))
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = _to_float32((hi - lo) / (levels - 1)) or 1.0  # an all-zero input: any scale, codes at zero
+    zero = min(max(round(-lo / scale), 0), levels - 1)
+    codes = (x * _to_float32(1 / scale)).round_().add_(zero).clamp_(0, levels - 1).to(torch.uint8)
+    return codes, scale, zero
+
+
+def _to_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32, as a Python float."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 class _Packed:
@@ -168,7 +176,7 @@ class DynamicLinear(nn.Module):
             return y.to(x.dtype)
         rows = x.reshape(-1, self.in_features).float()
         codes, scale, zero = quantize_activations(rows, 256 if DynamicLinear._full_range else 128)
-        y = torch.ops.onednn.qlinear_pointwise.tensor(
+        y = torch.ops.onednn.qlinear_pointwise(
             codes, scale, zero, self.onednn_weight.tensor, self.w_scales, self.w_zero, self.plain_bias,
             1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
