@@ -138,7 +138,7 @@ def test_fp32_is_the_model_itself(trained):
     assert torch.equal(model.generate_ids(images_1, images_2), model.generate_ids(images_1, images_2, precision="fp32"))
 
 
-def test_copies_are_reused_and_rebuilt_after_training(trained):
+def test_copies_are_reused_and_rebuilt_after_training(trained, monkeypatch):
     model = copy.deepcopy(trained[0])
     first = inference_copy(model, "bf16")
     assert inference_copy(model, "bf16") is first  # built once
@@ -153,6 +153,12 @@ def test_copies_are_reused_and_rebuilt_after_training(trained):
     x = torch.randn(4, model.config.dim)
     expected = x @ model.fdg.tok.weight.T
     assert ((vocab(x) - expected).norm() / expected.norm()).item() < 0.03  # int8 rounding (1-1.5%), not the old sign
+    int8 = inference_copy(model, "int8")
+    other = "quantized" if vocab.kernels == "plain" else "plain"
+    monkeypatch.setenv(KERNELS_ENV, other)  # another choice of int8 kernels: a new copy on them
+    assert {m.kernels for m in inference_copy(model, "int8").modules() if isinstance(m, DynamicLinear)} == {other}
+    monkeypatch.delenv(KERNELS_ENV)
+    assert inference_copy(model, "int8") is not int8 and inference_copy(model, "bf16") is second
 
 
 def test_int8_copy_packs_every_step_matrix(trained):

@@ -69,6 +69,7 @@ import torch
 from torch import nn
 
 from namc.models.files import ConfigError, atomic_write_text, read_json
+from namc.models.qlinear import int8_forms, int8_kernels
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -199,13 +200,14 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     """The ``precision`` copy of a NAMC model's inference path on a CPU (``fp32``: the model itself).
 
     The copy shares nothing with the model, has no NIM / VQGAN (inference never runs them) and is in eval mode.
-    Built once per model and precision, rebuilt when the model's weights changed.
+    Built once per model and precision, rebuilt when the model's weights changed (or, for int8, the kernels
+    :func:`~namc.models.qlinear.int8_kernels` names).
     """
     check_precision(precision)
     if precision == "fp32":
         return model
     cached = _COPIES.setdefault(model, {})
-    key = _fingerprint(model)
+    key = (_fingerprint(model), int8_kernels() if precision == "int8" else None)
     if precision in cached and cached[precision][0] == key:
         return cached[precision][1]
     cached.pop(precision, None)  # free the stale copy before building the new one
@@ -214,8 +216,6 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
             id(m): None for m in (getattr(model, "nim", None), getattr(model, "vqgan", None)) if m is not None
         }
         if precision == "int8":
-            from namc.models.qlinear import int8_forms
-
             memo.update(int8_forms(model.mir))  # MIR's linear layers copied straight into int8
         twin = copy.deepcopy(model, memo=memo).eval()
         twin.grid.fold_batchnorm()

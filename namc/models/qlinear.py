@@ -63,7 +63,7 @@ def int8_kernels() -> str:
     EPYC threads, per layer, two runs: 1 x 768 x 3072 1.68-1.73x the time, 32 x 768 x 3072 1.49-1.55x, MIR's
     12544 x 3072 x 768 1.75-1.78x; the 32-row vocabulary projection 0.90-0.96x and MIR's 12544 x 768 x 3072
     0.97-1.00x), with the same codes and so the same error against fp32. ``NAMC_INT8_KERNELS=plain``
-    (or ``quantized``) chooses for the copies built after it is set.
+    (or ``quantized``) chooses; a model's int8 copy (:func:`~namc.models.precision.inference_copy`) follows it.
     """
     global _QUANTIZED_OPS
     choice = os.environ.get(KERNELS_ENV, "").strip().lower()
