@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from namc.models.onednn import FusedBlock, FusedConv, ShapeCache
-from namc.models.qlinear import int8_kernels
+from namc.models.qlinear import affine_codes, int8_kernels
 
 __all__ = [
     "QuantBlock",
@@ -56,7 +56,7 @@ def quantize_u8(x: torch.Tensor, scale: float, zero_point: int = 0, plain: bool 
     tensor. ``plain`` (the :func:`~namc.models.qlinear.int8_kernels` of a torch without quantised dtypes): the same
     codes from plain operations, in five passes."""
     if plain:
-        return x.float().mul(1 / scale).round_().add_(zero_point).clamp_(0, 255).to(torch.uint8)
+        return affine_codes(x, scale, zero_point)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
         return torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()

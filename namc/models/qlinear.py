@@ -36,6 +36,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 __all__ = [
     "DynamicLinear",
+    "affine_codes",
     "full_range",
     "int8_forms",
     "int8_kernels",
@@ -120,8 +121,14 @@ def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, fl
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = _to_float32((hi - lo) / (levels - 1)) or 1.0  # an all-zero input: any scale, codes at zero
     zero = min(max(round(-lo / scale), 0), levels - 1)
-    codes = (x * _to_float32(1 / scale)).round_().add_(zero).clamp_(0, levels - 1).to(torch.uint8)
-    return codes, scale, zero
+    return affine_codes(x, scale, zero, levels), scale, zero
+
+
+def affine_codes(x: torch.Tensor, scale: float, zero_point: int, levels: int = 256) -> torch.Tensor:
+    """``x`` as uint8 codes of ``scale`` and ``zero_point`` in plain operations, layout kept: multiplied by the float32
+    ``1 / scale``, rounded half to even, shifted, saturated at 0 and ``levels - 1``; PyTorch's quantisation, to the
+    bit (:func:`quantize_activations` and the plain form of :func:`namc.models.qconv.quantize_u8`)."""
+    return (x.float() * _to_float32(1 / scale)).round_().add_(zero_point).clamp_(0, levels - 1).to(torch.uint8)
 
 
 def _to_float32(value: float) -> float:
