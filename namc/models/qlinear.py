@@ -117,7 +117,7 @@ def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, fl
     rounded to float, the zero point rounded), in plain operations: ``(codes, scale, zero_point)``. The scale and
     zero point are worked out on the host from the range (two numbers): on a CPU reading them back costs nothing,
     and a layer of one row makes six tensor operations instead of twenty."""
-    lo, hi = (float(v) for v in torch.aminmax(x))
+    lo, hi = (float(v) for v in torch.aminmax(x.detach()))  # no gradient passes an int8 layer
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = _to_float32((hi - lo) / (levels - 1)) or 1.0  # an all-zero input: any scale, codes at zero
     zero = min(max(round(-lo / scale), 0), levels - 1)
