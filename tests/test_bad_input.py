@@ -645,6 +645,17 @@ def test_training_cli_refuses_unsafe_checkpoint_loading(
     assert "--allow_unsafe_checkpoint true" in err[-1]
 
 
+def test_training_cli_names_a_wrong_int8_kernels_choice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """NAMC_INT8_KERNELS is read where a run first evaluates in int8, deep in it: the CLI checks it before building."""
+    monkeypatch.setenv("NAMC_INT8_KERNELS", "int4")
+    config = REPO / "configs" / "finetune" / "clevr_change.yaml"
+    assert namc_main(["test", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err == "namc test: error: NAMC_INT8_KERNELS='int4': expected 'quantized' or 'plain'\n", err
+
+
 @pytest.mark.parametrize(
     ("config", "outcome"),
     [

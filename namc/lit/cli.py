@@ -33,6 +33,7 @@ from namc.lit.datamodules import NAMCDataModule
 from namc.lit.modules import NAMCModule
 from namc.models import model_config
 from namc.models.io import read_config
+from namc.models.qlinear import int8_kernels
 
 __all__ = ["NAMCCLI", "UnsafeCheckpointError", "check_checkpoint_safety", "main", "run_lightning"]
 
@@ -217,10 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``namc fit | validate | test | predict ...``: run the LightningCLI (``namc.cli`` dispatches here)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    command = argv[0] if argv else "fit"
+    try:  # a wrong NAMC_INT8_KERNELS is one line now, not a traceback at the first int8 evaluation of a long run
+        int8_kernels()
+    except (ValueError, RuntimeError) as err:
+        print(f"namc {command}: error: {err}", file=sys.stderr)
+        return 2
     try:
         run_lightning(argv)
     except UnsafeCheckpointError as err:
-        print(f"namc {argv[0] if argv else 'fit'}: error: {err}", file=sys.stderr)
+        print(f"namc {command}: error: {err}", file=sys.stderr)
         return 2
     return 0
 
