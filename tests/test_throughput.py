@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import namc
 from namc.eval import throughput as tp
@@ -328,6 +329,51 @@ def test_clip4idc_peer_decodes_from_its_memory():
     assert peer.head.weight.shape == (keep.numel(), 512) and torch.equal(peer.head.weight, weight[keep])
     assert torch.equal(peer.decode(memory, 4), ids)
     assert isinstance(tp.peer_at(peer, "int8").head, DynamicLinear)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("call", ["self", "causal", "cross"])
+def test_int8_attention_is_multihead_attention(batch_first: bool, call: str) -> None:
+    """The int8 peer's attention gives nn.MultiheadAttention's output up to int8 rounding, in each form the peer
+    calls it (open_clip's self-attention, the decoder's causal self-attention and its cross-attention)."""
+    from namc.eval.throughput.clip4idc import Int8Attention
+
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(64, 4, batch_first=batch_first).eval()
+    with torch.no_grad():
+        mha.in_proj_bias.normal_(0, 0.1)
+        mha.out_proj.bias.normal_(0, 0.1)
+    x, memory = torch.randn(3, 7, 64), torch.randn(3, 11, 64)
+    if not batch_first:
+        x, memory = x.transpose(0, 1), memory.transpose(0, 1)
+    mask = torch.triu(torch.full((7, 7), float("-inf")), 1) if call == "causal" else None
+    kv = memory if call == "cross" else x
+    with torch.inference_mode():
+        want = mha(x, kv, kv, attn_mask=mask, need_weights=False)[0]
+        got, weights = Int8Attention(mha)(x, kv, kv, attn_mask=mask, need_weights=False)
+        wrong = Int8Attention(mha)(x, kv, kv, need_weights=False)[0]  # what a dropped causal mask would give
+    assert weights is None and got.shape == want.shape
+    error = float((got - want).norm() / want.norm())
+    assert error < 0.02, error
+    if call == "causal":
+        assert float((wrong - want).norm() / want.norm()) > 10 * error
+
+
+def test_int8_peer_runs_every_linear_map_in_int8() -> None:
+    """The int8 peer is converted as fully as namc's int8 copy: no linear map of its inference path stays fp32
+    (PyTorch's dynamic flow leaves nn.MultiheadAttention's projections in fp32: a third of the peer's products)."""
+    torch.manual_seed(0)
+    peer = tp.CLIP4IDCPeer().eval()
+    int8 = tp.peer_at(peer, "int8")
+    used = [int8.clip.visual, int8.cross, int8.decoder, int8.transform]
+    assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]
+    images = torch.rand(2, 1, 3, 224, 224)
+    with torch.inference_mode():
+        want, got = peer.encode(images[0], images[1]), int8.encode(images[0], images[1])
+        assert float((got - want).norm() / want.norm()) < 0.05
+        tokens = torch.full((1, 3), 49406)
+        want, got = peer.logits(tokens, want), int8.logits(tokens, want)
+        assert float((got - want).norm() / want.norm()) < 0.05
 
 
 def test_shortlist_run(tmp_path):

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PAPER_PARAMETERS", "CLIP4IDCPeer", "peer_at"]
+__all__ = ["PAPER_PARAMETERS", "CLIP4IDCPeer", "Int8Attention", "peer_at"]
 
 PAPER_PARAMETERS = 173_700_000  # Table 5 of the NAMC paper
 BOS_ID, EOS_ID = 49406, 49407  # CLIP BPE's <|startoftext|> and <|endoftext|>
@@ -167,9 +167,9 @@ class _EncoderLayer(nn.Module):
 
 
 def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
-    """The peer converted like namc for ``precision``: ``bf16`` weights, or dynamic int8 for its ``nn.Linear``
-    layers (MLPs, decoder feed-forward, head and vocabulary projection; PyTorch's dynamic flow leaves
-    ``nn.MultiheadAttention``'s projections in fp32). A new module; ``fp32`` returns ``peer``."""
+    """The peer converted like namc for ``precision``: ``bf16`` weights, or every linear map in dynamic int8 (MLPs,
+    decoder feed-forward, head and vocabulary projection, and the attention projections, as namc's own are: see
+    :class:`Int8Attention`). A new module; ``fp32`` returns ``peer``."""
     import copy
 
     if precision == "fp32":
@@ -179,4 +179,66 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
         return twin.to(torch.bfloat16)
     from namc.models.qlinear import quantize_linears
 
-    return quantize_linears(twin)
+    twin = quantize_linears(twin)
+    for module in list(twin.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, nn.MultiheadAttention):
+                setattr(module, name, Int8Attention(child))
+    return twin
+
+
+class Int8Attention(nn.Module):
+    """``nn.MultiheadAttention`` with its input and output projections in dynamic int8, for the int8 peer.
+
+    PyTorch's dynamic flow, and so :func:`~namc.models.qlinear.quantize_linears`, leaves ``nn.MultiheadAttention``
+    in fp32: its input projection is a bare weight and its output projection a ``NonDynamicallyQuantizableLinear``.
+    In the peer those are a third of every layer's multiply-adds (four 768 x 768 or 512 x 512 maps per layer against
+    the feed-forward's eight), while every attention projection of namc's int8 copy is int8, so an int8 peer that
+    kept them in fp32 would be slower than its conversion allows. This form runs them as
+    :class:`~namc.models.qlinear.DynamicLinear` layers (one product for the three projections of self-attention,
+    one for the keys and values of cross-attention) and the attention itself in fp32, as namc's. It takes the calls
+    the peer makes (``batch_first``, the same query / key / value, ``attn_mask``, ``need_weights=False``)."""
+
+    def __init__(self, attention: nn.MultiheadAttention) -> None:
+        super().__init__()
+        from namc.models.qlinear import DynamicLinear
+
+        if not attention._qkv_same_embed_dim or attention.in_proj_bias is None or attention.dropout:
+            raise ValueError(
+                "Int8Attention takes an nn.MultiheadAttention with one input projection, biases and no dropout"
+            )
+        width, self.heads, self.batch_first = attention.embed_dim, attention.num_heads, attention.batch_first
+        weight, bias = attention.in_proj_weight.detach(), attention.in_proj_bias.detach()
+        self.qkv = DynamicLinear(weight, bias)
+        self.q = DynamicLinear(weight[:width], bias[:width])
+        self.kv = DynamicLinear(weight[width:], bias[width:])
+        self.out = DynamicLinear(attention.out_proj.weight.detach(), attention.out_proj.bias.detach())
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, None]:
+        if key_padding_mask is not None or need_weights or key is not value:
+            raise NotImplementedError("Int8Attention: no key padding mask, no weights, keys and values from one tensor")
+        if not self.batch_first:
+            query, key = query.transpose(0, 1), key.transpose(0, 1)
+        if key is query:
+            q, k, v = self.qkv(query).chunk(3, dim=-1)
+        else:
+            q, (k, v) = self.q(query), self.kv(key).chunk(2, dim=-1)
+        B, L, D = q.shape
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # (B, S, D) -> (B, H, S, D / H)
+            return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
+
+        causal = is_causal and attn_mask is None
+        x = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=attn_mask, is_causal=causal)
+        x = self.out(x.transpose(1, 2).reshape(B, L, D))
+        return (x if self.batch_first else x.transpose(0, 1)), None
