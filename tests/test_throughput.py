@@ -17,6 +17,7 @@ import namc
 from namc.eval import throughput as tp
 from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
+from namc.models import onednn
 from namc.models.precision import int8_calibration
 from namc.models.qlinear import DynamicLinear, int8_kernels
 
@@ -331,14 +332,18 @@ def test_clip4idc_peer_decodes_from_its_memory():
     assert isinstance(tp.peer_at(peer, "int8").head, DynamicLinear)
 
 
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("call", ["self", "causal", "cross"])
-def test_int8_attention_is_multihead_attention(batch_first: bool, call: str) -> None:
-    """The int8 peer's attention gives nn.MultiheadAttention's output up to int8 rounding, in each form the peer
-    calls it (open_clip's self-attention, the decoder's causal self-attention and its cross-attention)."""
-    from namc.eval.throughput.clip4idc import Int8Attention
+def test_projected_attention_is_multihead_attention(precision: str, batch_first: bool, call: str) -> None:
+    """The converted peer's attention gives nn.MultiheadAttention's output up to int8 or bf16 rounding, in each form
+    the peer calls it (open_clip's self-attention, the decoder's causal self-attention and its cross-attention)."""
+    from namc.eval.throughput.clip4idc import PackedLinear, ProjectedAttention
 
+    if precision == "bf16" and not onednn.linear_available():
+        pytest.skip("this torch build has no oneDNN linear kernel")
     torch.manual_seed(0)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     mha = nn.MultiheadAttention(64, 4, batch_first=batch_first).eval()
     with torch.no_grad():
         mha.in_proj_bias.normal_(0, 0.1)
@@ -348,32 +353,39 @@ def test_int8_attention_is_multihead_attention(batch_first: bool, call: str) -> 
         x, memory = x.transpose(0, 1), memory.transpose(0, 1)
     mask = torch.triu(torch.full((7, 7), float("-inf")), 1) if call == "causal" else None
     kv = memory if call == "cross" else x
+    form = ProjectedAttention(mha, DynamicLinear if precision == "int8" else PackedLinear)
     with torch.inference_mode():
         want = mha(x, kv, kv, attn_mask=mask, need_weights=False)[0]
-        got, weights = Int8Attention(mha)(x, kv, kv, attn_mask=mask, need_weights=False)
-        wrong = Int8Attention(mha)(x, kv, kv, need_weights=False)[0]  # what a dropped causal mask would give
-    assert weights is None and got.shape == want.shape
-    error = float((got - want).norm() / want.norm())
+        low = x.to(dtype), kv.to(dtype)
+        got, weights = form(low[0], low[1], low[1], attn_mask=None if mask is None else mask.to(dtype))
+        wrong = form(low[0], low[1], low[1])[0]  # what a dropped causal mask would give
+    assert weights is None and got.shape == want.shape and got.dtype == dtype
+    error = float((got.float() - want).norm() / want.norm())
     assert error < 0.02, error
     if call == "causal":
-        assert float((wrong - want).norm() / want.norm()) > 10 * error
+        assert float((wrong.float() - want).norm() / want.norm()) > 10 * error
 
 
-def test_int8_peer_runs_every_linear_map_in_int8() -> None:
-    """The int8 peer is converted as fully as namc's int8 copy: no linear map of its inference path stays fp32
-    (PyTorch's dynamic flow leaves nn.MultiheadAttention's projections in fp32: a third of the peer's products)."""
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
+    """The peer is converted as fully as namc: no linear map of its inference path stays as it was (PyTorch's dynamic
+    flow leaves nn.MultiheadAttention's projections in fp32, a third of the peer's products; a plain bf16 weight is
+    reordered by oneDNN at every call, where namc's bf16 decoding keeps its matrices prepacked)."""
+    if precision == "bf16" and not onednn.linear_available():
+        pytest.skip("this torch build has no oneDNN linear kernel")
     torch.manual_seed(0)
     peer = tp.CLIP4IDCPeer().eval()
-    int8 = tp.peer_at(peer, "int8")
-    used = [int8.clip.visual, int8.cross, int8.decoder, int8.transform]
+    low = tp.peer_at(peer, precision)
+    used = [low.clip.visual, low.cross, low.decoder, low.transform, low.head]
     assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     images = torch.rand(2, 1, 3, 224, 224)
     with torch.inference_mode():
-        want, got = peer.encode(images[0], images[1]), int8.encode(images[0], images[1])
-        assert float((got - want).norm() / want.norm()) < 0.05
+        want, got = peer.encode(images[0], images[1]), low.encode(images[0].to(dtype), images[1].to(dtype))
+        assert float((got.float() - want).norm() / want.norm()) < 0.05
         tokens = torch.full((1, 3), 49406)
-        want, got = peer.logits(tokens, want), int8.logits(tokens, want)
-        assert float((got - want).norm() / want.norm()) < 0.05
+        want, got = peer.logits(tokens, want), low.logits(tokens, want.to(dtype))
+        assert float((got.float() - want).norm() / want.norm()) < 0.05
 
 
 def test_shortlist_run(tmp_path):
