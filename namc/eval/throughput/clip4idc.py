@@ -26,6 +26,7 @@ generated tokens, in interleaved calls (:mod:`.inference`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PAPER_PARAMETERS", "CLIP4IDCPeer", "PackedLinear", "ProjectedAttention", "peer_at"]
+__all__ = ["PAPER_PARAMETERS", "CLIP4IDCPeer", "OneDNNLinear", "ProjectedAttention", "peer_at"]
 
 PAPER_PARAMETERS = 173_700_000  # Table 5 of the NAMC paper
 BOS_ID, EOS_ID = 49406, 49407  # CLIP BPE's <|startoftext|> and <|endoftext|>
@@ -168,57 +169,62 @@ class _EncoderLayer(nn.Module):
 
 
 def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
-    """The peer converted like namc for ``precision``, every linear map of it, the attention projections included
-    (:class:`ProjectedAttention`): ``bf16`` weights, prepacked for oneDNN where this torch has its linear kernel (as
-    namc's bf16 decoding step: :meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`), or ``int8``, dynamic int8
-    layers (:class:`~namc.models.qlinear.DynamicLinear`). A new module; ``fp32`` returns ``peer``."""
+    """A copy of the peer with every linear map converted as namc's own are for ``precision``, the attention
+    projections included (:class:`ProjectedAttention`): ``int8``, dynamic int8 layers
+    (:class:`~namc.models.qlinear.DynamicLinear`); ``bf16``, bf16 weights prepacked for oneDNN, as namc's bf16
+    decoding step keeps them (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`); ``fp32``, oneDNN's fp32 linear
+    kernel, which namc's fp32 decoding step runs (:func:`namc.models.onednn.dense`). Where this torch has no oneDNN
+    linear kernel (or off the CPU) bf16 is plain bf16 weights and fp32 the peer itself."""
     import copy
 
     from namc.models import onednn
     from namc.models.qlinear import DynamicLinear, quantize_linears
 
-    if precision == "fp32":
+    onednn_ok = peer.head.weight.device.type == "cpu" and onednn.linear_available()
+    if precision == "fp32" and not onednn_ok:
         return peer
     twin = copy.deepcopy(peer).eval()
-    if precision == "bf16":
-        twin = twin.to(torch.bfloat16)
-        if twin.head.weight.device.type != "cpu" or not onednn.linear_available():
-            return twin
-        linear = PackedLinear
-    else:
+    if precision == "int8":
         twin, linear = quantize_linears(twin), DynamicLinear
+    else:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        twin = twin.to(dtype)
+        if not onednn_ok:
+            return twin
+        linear = functools.partial(OneDNNLinear, dtype=dtype)
     for module in list(twin.modules()):
         for name, child in module.named_children():
             if isinstance(child, nn.MultiheadAttention):
                 setattr(module, name, ProjectedAttention(child, linear))
-            elif type(child) is nn.Linear:  # bf16 (int8's are DynamicLinear already)
+            elif type(child) is nn.Linear:  # bf16 and fp32 (int8's are DynamicLinear already)
                 setattr(
                     module, name, linear(child.weight.detach(), None if child.bias is None else child.bias.detach())
                 )
     return twin
 
 
-class PackedLinear(nn.Module):
-    """A bf16 linear map with its weight reordered once into oneDNN's blocked layout
-    (:func:`~namc.models.onednn.pack_linear`), as namc's bf16 decoding step keeps its matrices: oneDNN reorders a
-    plain bf16 weight at every call (the bf16 peer: decoding 1.10-1.15x faster packed, encoding 1.04x)."""
+class OneDNNLinear(nn.Module):
+    """A linear map on oneDNN's kernel (``torch.ops.mkldnn._linear_pointwise``), as namc's decoding step runs its
+    matrices: in bf16 with the weight reordered once into oneDNN's blocked layout (a plain bf16 weight is reordered at
+    every call; the bf16 peer decodes 1.06x faster at batch 32 and 1.32x at batch 1 so), in fp32 on the weight as it
+    is (on the AMD EPYC of the README the fp32 peer runs 1.16x faster at batch 32 and 1.19-1.48x at batch 1 on it than
+    on ``F.linear``'s BLAS)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
         super().__init__()
         from namc.models.onednn import pack_linear
 
-        self.weight = pack_linear(weight.to(torch.bfloat16))
-        self.bias = None if bias is None else bias.to(torch.bfloat16)
+        weight = weight.to(dtype).contiguous()
+        self.weight = pack_linear(weight) if dtype == torch.bfloat16 else weight
+        self.bias = None if bias is None else bias.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from namc.models.onednn import dense
-
-        return dense(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.bias, "none", [], "")
 
 
 class ProjectedAttention(nn.Module):
     """``nn.MultiheadAttention`` with its input and output projections as the linear maps ``linear(weight, bias)``
-    makes: dynamic int8 for the int8 peer, prepacked bf16 for the bf16 peer.
+    makes: dynamic int8 for the int8 peer, oneDNN's bf16 or fp32 linear kernel for the others.
 
     PyTorch's dynamic flow, and so :func:`~namc.models.qlinear.quantize_linears`, leaves ``nn.MultiheadAttention``
     in fp32: its input projection is a bare weight and its output projection a ``NonDynamicallyQuantizableLinear``.
