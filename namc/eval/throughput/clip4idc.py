@@ -26,6 +26,7 @@ generated tokens, in interleaved calls (:mod:`.inference`).
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable
@@ -34,6 +35,9 @@ import open_clip
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from namc.models import onednn
+from namc.models.qlinear import DynamicLinear, quantize_linears
 
 __all__ = ["PAPER_PARAMETERS", "CLIP4IDCPeer", "OneDNNLinear", "ProjectedAttention", "peer_at"]
 
@@ -175,11 +179,6 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
     decoding step keeps them (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`); ``fp32``, oneDNN's fp32 linear
     kernel, which namc's fp32 decoding step runs (:func:`namc.models.onednn.dense`). Where this torch has no oneDNN
     linear kernel (or off the CPU) bf16 is plain bf16 weights and fp32 the peer itself."""
-    import copy
-
-    from namc.models import onednn
-    from namc.models.qlinear import DynamicLinear, quantize_linears
-
     onednn_ok = peer.head.weight.device.type == "cpu" and onednn.linear_available()
     if precision == "fp32" and not onednn_ok:
         return peer
@@ -212,10 +211,8 @@ class OneDNNLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
         super().__init__()
-        from namc.models.onednn import pack_linear
-
         weight = weight.to(dtype).contiguous()
-        self.weight = pack_linear(weight) if dtype == torch.bfloat16 else weight
+        self.weight = onednn.pack_linear(weight) if dtype == torch.bfloat16 else weight
         self.bias = None if bias is None else bias.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
