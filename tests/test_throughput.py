@@ -16,6 +16,7 @@ from torch import nn
 
 import namc
 from namc.eval import throughput as tp
+from namc.eval.throughput.clip4idc import linear_form
 from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
 from namc.models import onednn
@@ -36,7 +37,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 6
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 7
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -108,6 +109,7 @@ def test_report_contents(report):
     assert peer["paper_parameters"] == 173_700_000
     assert abs(peer["parameters"]["total"] - 173_700_000) < 50_000  # the paper's count, to its 0.1M rounding
     assert 0 < peer["parameters"]["inference"] < peer["parameters"]["total"]
+    assert peer["linear_maps"] == ("onednn_fp32" if onednn.linear_available() else "fp32")  # converted as namc's
     style = report["model"]["parameters_paper_style"]
     assert style["inference_without_vocab_embedding"] == params["inference"] - style["vocab_embedding"]
     t = report["training"]
@@ -379,6 +381,8 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     torch.manual_seed(0)
     peer = tp.CLIP4IDCPeer().eval()
     low = tp.peer_at(peer, precision)
+    forms = {"int8": "int8_dynamic", "bf16": "onednn_bf16_prepacked", "fp32": "onednn_fp32"}
+    assert linear_form(low) == forms[precision] and linear_form(peer) == "fp32"  # the report's peer.linear_maps
     used = [low.clip.visual, low.cross, low.decoder, low.transform, low.head]
     assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32

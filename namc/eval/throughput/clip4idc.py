@@ -39,7 +39,14 @@ from torch import nn
 from namc.models import onednn
 from namc.models.qlinear import DynamicLinear, quantize_linears
 
-__all__ = ["PAPER_PARAMETERS", "CLIP4IDCPeer", "OneDNNLinear", "ProjectedAttention", "peer_at"]
+__all__ = [
+    "PAPER_PARAMETERS",
+    "CLIP4IDCPeer",
+    "OneDNNLinear",
+    "ProjectedAttention",
+    "linear_form",
+    "peer_at",
+]
 
 PAPER_PARAMETERS = 173_700_000  # Table 5 of the NAMC paper
 BOS_ID, EOS_ID = 49406, 49407  # CLIP BPE's <|startoftext|> and <|endoftext|>
@@ -200,6 +207,18 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
                     module, name, linear(child.weight.detach(), None if child.bias is None else child.bias.detach())
                 )
     return twin
+
+
+def linear_form(peer: CLIP4IDCPeer) -> str:
+    """What the peer's linear maps run as, one of :data:`~namc.eval.throughput.settings.LINEAR_FORMS` (the report's
+    ``peer.linear_maps``): plain ``F.linear`` in the weights' dtype, oneDNN's kernel (:class:`OneDNNLinear`) or
+    dynamic int8."""
+    head = peer.head
+    if isinstance(head, DynamicLinear):
+        return "int8_dynamic"
+    if isinstance(head, OneDNNLinear):
+        return "onednn_bf16_prepacked" if onednn.is_packed(head.weight) else "onednn_fp32"
+    return "bf16" if head.weight.dtype == torch.bfloat16 else "fp32"
 
 
 class OneDNNLinear(nn.Module):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from namc._version import __version__
-from namc.eval.throughput.clip4idc import PAPER_PARAMETERS, CLIP4IDCPeer, peer_at
+from namc.eval.throughput.clip4idc import PAPER_PARAMETERS, CLIP4IDCPeer, linear_form, peer_at
 from namc.eval.throughput.inference import decoding_shortlist, random_shortlist, run_inference
 from namc.eval.throughput.machine import describe_machine, measure_matmul
 from namc.eval.throughput.schema import SCHEMA_VERSION
@@ -125,6 +125,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
             vocab = peer.clip.token_embedding.weight.shape[0]
             peer.restrict_vocabulary(random_shortlist(vocab, peer.eos_id, len(short), settings.seed).ids)
         peer = peer_at(peer.to(dtype), settings.precision)
+        peer_entry["linear_maps"] = linear_form(peer)
     try:
         inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
     finally:

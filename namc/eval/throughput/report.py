@@ -146,7 +146,8 @@ def _inference_lines(report: dict[str, Any]) -> list[str]:
         pp = report["peer"]["parameters"]
         lines.append(
             f"CLIP4IDC peer: {pp['total'] / 1e6:.1f}M parameters ({pp['inference'] / 1e6:.1f}M run at inference; "
-            f"paper {report['peer']['paper_parameters'] / 1e6:.1f}M), random weights"
+            f"paper {report['peer']['paper_parameters'] / 1e6:.1f}M), random weights, every linear map "
+            f"{report['peer']['linear_maps']}"
         )
     return lines
 

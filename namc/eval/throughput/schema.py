@@ -17,6 +17,7 @@ from namc.eval.throughput.settings import (
     DTYPES,
     INT8_GRIDS,
     LENGTH_MODES,
+    LINEAR_FORMS,
     MODES,
     PRECISIONS,
     REFERENCES,
@@ -27,9 +28,10 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 6  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+SCHEMA_VERSION = 7  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
-# settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels
+# settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
+# 7: required peer.linear_maps (the peer converted as namc: reports of 6 and before timed a less converted peer)
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -309,6 +311,13 @@ _PEER = {
         "`CLIP4IDCPeer.num_parameters()`",
     ),
     "paper_parameters": _field("integer", "Table 5's count (173.7M)"),
+    "linear_maps": _enum(
+        LINEAR_FORMS,
+        "what every linear map of the peer, attention projections included, ran as (`clip4idc.peer_at`): plain "
+        "`F.linear` in fp32 or bf16 (off the CPU, or without oneDNN), oneDNN's kernel in fp32 or on prepacked bf16 "
+        "weights, or dynamic int8 layers; schema 6 and before timed a peer whose attention stayed fp32 in int8, "
+        "whose bf16 weights were not prepacked and whose fp32 products ran on `F.linear`",
+    ),
 }
 
 _ESTIMATE = {
