@@ -357,17 +357,21 @@ def test_projected_attention_is_multihead_attention(precision: str, batch_first:
     mask = torch.triu(torch.full((7, 7), float("-inf")), 1) if call == "causal" else None
     kv = memory if call == "cross" else x
     linear = DynamicLinear if precision == "int8" else functools.partial(OneDNNLinear, dtype=dtype)
-    form = ProjectedAttention(mha, linear)
+    form = ProjectedAttention(mha, linear, cross=call == "cross")
     with torch.inference_mode():
         want = mha(x, kv, kv, attn_mask=mask, need_weights=False)[0]
-        low = x.to(dtype), kv.to(dtype)
-        got, weights = form(low[0], low[1], low[1], attn_mask=None if mask is None else mask.to(dtype))
-        wrong = form(low[0], low[1], low[1])[0]  # what a dropped causal mask would give
+        queries = x.to(dtype)
+        memory = kv.to(dtype) if call == "cross" else queries  # a self-attention's keys are its queries
+        got, weights = form(queries, memory, memory, attn_mask=None if mask is None else mask.to(dtype))
+        wrong = form(queries, memory, memory)[0]  # what a dropped causal mask would give
     assert weights is None and got.shape == want.shape and got.dtype == dtype
     error = float((got.float() - want).norm() / want.norm())
     assert error < (1e-5 if precision == "fp32" else 0.02), error
     if call == "causal":
         assert float((wrong.float() - want).norm() / want.norm()) > 10 * error
+    other = queries if call == "cross" else queries.clone()
+    with pytest.raises(NotImplementedError):  # a form built for one kind of call refuses the other
+        form(queries, other, other)
 
 
 @pytest.mark.parametrize("precision", ["int8", "bf16", "fp32"])

@@ -200,8 +200,9 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
         linear = functools.partial(OneDNNLinear, dtype=dtype)
     for module in list(twin.modules()):
         for name, child in module.named_children():
-            if isinstance(child, nn.MultiheadAttention):
-                setattr(module, name, ProjectedAttention(child, linear))
+            if isinstance(child, nn.MultiheadAttention):  # the decoder layers' multihead_attn attend to the memory
+                cross = isinstance(module, nn.TransformerDecoderLayer) and name == "multihead_attn"
+                setattr(module, name, ProjectedAttention(child, linear, cross=cross))
             elif type(child) is nn.Linear:  # bf16 and fp32 (int8's are DynamicLinear already)
                 setattr(
                     module, name, linear(child.weight.detach(), None if child.bias is None else child.bias.detach())
@@ -247,12 +248,16 @@ class ProjectedAttention(nn.Module):
     In the peer those are a third of every layer's multiply-adds (four 768 x 768 or 512 x 512 maps per layer against
     the feed-forward's eight), while every attention projection of namc's int8 copy is int8: an int8 peer that kept
     them in fp32 encoded 1.65-1.75x and decoded 1.58-1.84x slower than this form. The three projections of a
-    self-attention run as one product, the keys and values of a cross-attention as one, and the attention itself
-    through ``F.scaled_dot_product_attention`` in the activations' dtype, as namc's. It takes the calls the peer
-    makes (``batch_first`` or not, the keys and values from one tensor, ``attn_mask``, ``need_weights=False``)."""
+    self-attention run as one product, or, with ``cross``, the query's as one and the keys and values of the memory
+    as another; the attention itself runs through ``F.scaled_dot_product_attention`` in the activations' dtype, as
+    namc's. It takes the calls the peer makes (``batch_first`` or not, the queries as keys and values or, with
+    ``cross``, keys and values from one other tensor, ``attn_mask``, ``need_weights=False``)."""
 
     def __init__(
-        self, attention: nn.MultiheadAttention, linear: Callable[[torch.Tensor, torch.Tensor], nn.Module]
+        self,
+        attention: nn.MultiheadAttention,
+        linear: Callable[[torch.Tensor, torch.Tensor], nn.Module],
+        cross: bool = False,
     ) -> None:
         super().__init__()
         if not attention._qkv_same_embed_dim or attention.in_proj_bias is None or attention.dropout:
@@ -261,9 +266,11 @@ class ProjectedAttention(nn.Module):
             )
         width, self.heads, self.batch_first = attention.embed_dim, attention.num_heads, attention.batch_first
         weight, bias = attention.in_proj_weight.detach(), attention.in_proj_bias.detach()
-        self.qkv = linear(weight, bias)
-        self.q = linear(weight[:width], bias[:width])
-        self.kv = linear(weight[width:], bias[width:])
+        self.cross = cross
+        if cross:  # the form of each call is known when built: one conversion of the input projection, not two
+            self.q, self.kv = linear(weight[:width], bias[:width]), linear(weight[width:], bias[width:])
+        else:
+            self.qkv = linear(weight, bias)
         self.out = linear(attention.out_proj.weight.detach(), attention.out_proj.bias.detach())
 
     def forward(
@@ -277,16 +284,17 @@ class ProjectedAttention(nn.Module):
         average_attn_weights: bool = True,
         is_causal: bool = False,
     ) -> tuple[torch.Tensor, None]:
-        if key_padding_mask is not None or need_weights or key is not value:
+        if key_padding_mask is not None or need_weights or key is not value or (key is query) == self.cross:
             raise NotImplementedError(
-                "ProjectedAttention: no key padding mask, no weights, keys and values from one tensor"
+                "ProjectedAttention: no key padding mask, no weights, keys and values from one tensor, the queries "
+                "themselves for a self-attention and another tensor for a cross-attention"
             )
         if not self.batch_first:
             query, key = query.transpose(0, 1), key.transpose(0, 1)
-        if key is query:
-            q, k, v = self.qkv(query).chunk(3, dim=-1)
-        else:
+        if self.cross:
             q, (k, v) = self.q(query), self.kv(key).chunk(2, dim=-1)
+        else:
+            q, k, v = self.qkv(query).chunk(3, dim=-1)
         B, L, D = q.shape
 
         def heads(x: torch.Tensor) -> torch.Tensor:  # (B, S, D) -> (B, H, S, D / H)
