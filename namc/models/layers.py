@@ -10,13 +10,14 @@ streams between self- and cross-attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.models import onednn
+from namc.models import onednn, threads
 from namc.models.qlinear import int8_linear
 
 
@@ -70,6 +71,16 @@ def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(scores.softmax(dim=-1), v)
+
+
+def attend_sized(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args,
+                 **kwargs) -> torch.Tensor:  # fmt: skip
+    """``attend(q, k, v, ...)`` (:func:`attend_one` or ``F.scaled_dot_product_attention``), on one thread where its
+    4 B H Q S E FLOPs are too few to pay for waking a second (:mod:`namc.models.threads`)."""
+    if not q.is_cpu:
+        return attend(q, k, v, *args, **kwargs)
+    kind = "attend_one" if attend is attend_one else ("sdpa_bf16" if q.dtype == torch.bfloat16 else "sdpa_fp32")
+    return threads.run(kind, 4.0 * q.numel() * k.shape[-2], attend, q, k, v, *args, **kwargs)
 
 
 class Attention(nn.Module):

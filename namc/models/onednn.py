@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from namc.models import threads
+
 __all__ = [
     "FusedBlock",
     "FusedConv",
@@ -273,29 +275,38 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     """``F.linear`` of (b, D_in) inputs during generation (``weight`` a packed int8 layer: that layer's call; a
     prepacked oneDNN bf16 matrix: oneDNN's kernel on it).
 
-    On a CPU in float32, with at least 8 rows and a matrix of at least 2^20 entries (namc_base's vocabulary
-    projection, fused q/k/v and FFN weights), it runs oneDNN's kernel, which beats the default BLAS on these skinny
-    products (measured on a 2-core AMD EPYC with MKL at b = 32: the 49409 x 768 vocabulary projection 36 vs 50 ms
-    on one thread, about 1.6x faster on two; the layer matrices 5-15 % faster). With fewer rows the product is a
-    memory-bound matrix-vector product where oneDNN gains nothing, and small matrices favour ``F.linear``'s
-    low-overhead path (6 vs 18 us for 128 x 384 at b = 1). Either result equals ``F.linear`` up to float rounding.
+    On a CPU in float32, with a matrix of at least 2^20 entries (namc_base's vocabulary projection, fused q/k/v and
+    FFN weights), it runs oneDNN's kernel at every batch size, which beats the default BLAS on these skinny products:
+    on a 2-core AMD EPYC with MKL, two threads under ``OMP_WAIT_POLICY=PASSIVE``, the 49409 x 768 vocabulary
+    projection of 1 row 5.2 vs 10.5 ms, of 2-4 rows 6.9-7.5 vs 22-24 ms, of 32 rows 36 vs 50 ms on one thread and
+    about 1.6x faster on two; the 768 x 2304 / 3072 and 3072 x 768 layer matrices 1.2-1.3x at 1 row, 1.3-2.2x at 2-8.
+    Small matrices favour ``F.linear``'s low-overhead path (768 x 768 of 1 row: 46 vs 72 us). Either result equals
+    ``F.linear`` up to float rounding.
+
+    A product too small to gain from a second thread that would have to be woken runs on one
+    (:mod:`namc.models.threads`; oneDNN's fp32 kernel gains from two at every size measured).
     """
     if isinstance(weight, nn.Module):
         return weight(x.float()).to(x.dtype)
+    flops = 2.0 * x.numel() * weight.shape[0]
     if is_packed(weight):  # prepacked by FDG.pack_step("bf16"); outside autocast's reach, so cast here
-        return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
+        return threads.run("bf16", flops, _onednn_linear, x.to(weight.dtype), weight, bias)
+    if x.device.type != "cpu":
+        return F.linear(x, weight, bias)
     if (
-        x.shape[0] >= MIN_ROWS
-        and weight.numel() >= MIN_WEIGHT
-        and x.device.type == "cpu"
+        weight.numel() >= MIN_WEIGHT
         and x.dtype == weight.dtype == torch.float32
         and torch.backends.mkldnn.enabled
         and not torch.compiler.is_compiling()  # the private op needs constant weights in a graph: let inductor pick
         and linear_available()
     ):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+        return _onednn_linear(x, weight, bias)
+    return threads.run("bf16" if weight.dtype == torch.bfloat16 else "fp32", flops, F.linear, x, weight, bias)
 
 
-MIN_ROWS = 8
-MIN_WEIGHT = 1 << 20
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+MIN_ROWS = 8  # FDG's decoding step: bf16 one-query attention as two products, cross-attention keys and values in bf16
+MIN_WEIGHT = 1 << 20  # dense: fp32 matrices from this many entries on oneDNN's kernel

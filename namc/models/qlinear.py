@@ -34,6 +34,8 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
+from namc.models import threads
+
 __all__ = [
     "DynamicLinear",
     "affine_codes",
@@ -176,6 +178,9 @@ class DynamicLinear(nn.Module):
         return cls(layer.weight, layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return threads.run("int8", 2.0 * x.numel() * self.out_features, self._forward, x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if DynamicLinear._full_range is None:
             DynamicLinear._full_range = full_range()
         if self.kernels == "quantized":

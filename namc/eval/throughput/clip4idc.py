@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.models import onednn
+from namc.models import onednn, threads
+from namc.models.layers import attend_sized
 from namc.models.qlinear import DynamicLinear, quantize_linears
 
 __all__ = [
@@ -236,6 +237,10 @@ class OneDNNLinear(nn.Module):
         self.bias = None if bias is None else bias.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kind = "bf16" if self.weight.dtype == torch.bfloat16 else "fp32"  # one thread for a small product, as namc's
+        return threads.run(kind, 2.0 * x.numel() * self.weight.shape[0], self._forward, x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.bias, "none", [], "")
 
 
@@ -301,6 +306,7 @@ class ProjectedAttention(nn.Module):
             return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
 
         causal = is_causal and attn_mask is None
-        x = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=attn_mask, is_causal=causal)
+        x = attend_sized(F.scaled_dot_product_attention, heads(q), heads(k), heads(v), attn_mask=attn_mask,
+                         is_causal=causal)  # fmt: skip
         x = self.out(x.transpose(1, 2).reshape(B, L, D))
         return (x if self.batch_first else x.transpose(0, 1)), None

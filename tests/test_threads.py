@@ -1,0 +1,71 @@
+"""namc.models.threads: small products on one thread where OpenMP's idle threads sleep, the same results either way.
+
+OpenMP reads ``OMP_WAIT_POLICY`` when torch loads, so each policy runs in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import torch
+from namc.models import threads
+torch.set_num_threads(2)
+calls = [("int8", 1e6), ("int8", 1e9), ("bf16", 1e6), ("fp32", 1e6), ("sdpa_fp32", 1e8)]
+seen = [threads.run(kind, flops, torch.get_num_threads) for kind, flops in calls]
+try:
+    with threads.one_thread():
+        raise KeyError("inside")
+except KeyError:
+    pass
+print(threads.idle_threads_sleep(), seen, torch.get_num_threads())
+"""
+
+SAME = """
+import copy
+import torch
+from namc.models import onednn, threads
+from namc.models.fdg import FDG, FDGConfig
+from namc.models.qlinear import DynamicLinear
+torch.set_num_threads(2)
+torch.manual_seed(0)
+layer, w = DynamicLinear(torch.randn(96, 64), torch.randn(96)), torch.randn(4096, 64)
+x = torch.randn(3, 64)
+fdg = FDG(FDGConfig(vocab_size=300, dim=64, heads=4, layers=2, max_len=16, eos_id=-1, dropout=0.0)).eval()
+memory = torch.randn(3, 7, 64)
+int8 = copy.deepcopy(fdg)
+int8.pack_step("int8")
+out = {}
+for sleep in (True, False):
+    threads._SLEEP[:] = [sleep]
+    out[sleep] = (layer(x), onednn.dense(x, w), fdg.generate(memory, 8), int8.generate(memory, 8))
+print(threads.serial(2.0 * 3 * 96, "int8"), all(torch.equal(a, b) for a, b in zip(out[True], out[False])))
+"""
+
+
+def _python(code: str, policy: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("PASSIVE", "True [1, 2, 1, 1, 2] 2"), ("passive", "True [1, 2, 1, 1, 2] 2"), (None, "False [2, 2, 2, 2, 2] 2")],
+)
+def test_small_products_run_on_one_thread_only_where_idle_threads_sleep(policy, expected):
+    """Under a passive wait policy a product below its kind's threshold runs on one thread and the caller's two come
+    back after (after an exception too); above it, or where threads spin, nothing changes."""
+    assert _python(PROBE, policy) == expected
+
+
+def test_one_thread_gives_the_same_results():
+    """Dynamic int8 and fp32 products, and whole greedy decodings in fp32 and int8, equal to the bit with small
+    products on one thread and on two."""
+    assert _python(SAME, "PASSIVE") == "False True"
