@@ -4,20 +4,22 @@ Under ``OMP_WAIT_POLICY=PASSIVE`` (what a machine shared with other processes wa
 --omp-wait-policy passive``) an OpenMP thread sleeps as soon as a parallel region ends, and the next region waits for
 it to be woken: on two AMD EPYC threads of a VM that costs about 55 us, more than a decoding step's small products
 take on one thread. There, the 768 x 2304 dynamic int8 product of one row took 95-106 us on two threads and 45 us on
-one, namc_base's whole int8 decoding at batch 1 gained nothing from its second thread (the step's 230 small products
-61 ms on two, 62 ms on one), and only the 49,409-column vocabulary projection was faster on two (0.9-1.3 vs 1.9-2.1
-ms). Where threads spin between regions (OpenMP's default) two threads win at every size, so nothing changes there;
-and spinning threads slow a shared machine several-fold (namc_base's int8 decoding at batch 1 beside one busy process:
-107-109 ms passive, 158-507 ms spinning), which is why namc benchmarks passive.
+one, namc_base's whole int8 decoding at batch 1 gained nothing from its second thread (its 253 products of one row
+61 ms on two, 62 ms on one), and of those only the 49,409-column vocabulary projection was faster on two (0.9-1.3 vs
+1.9-2.1 ms). Where threads spin between regions (OpenMP's default) two threads win at every size, so nothing changes
+there; and spinning threads slow a shared machine several-fold (namc_base's int8 decoding at batch 1 beside one busy
+process: 107-109 ms passive, 158-507 ms spinning), which is why namc benchmarks passive.
 
 :func:`serial` says whether a product of ``flops`` runs faster on one thread: under a passive wait policy, below
 ``SERIAL_FLOPS`` of its kind, the crossing points measured there (two threads under ``OMP_WAIT_POLICY=PASSIVE``,
-rows 1-32 of namc_base's 768 x 768, 768 x 2304, 768 x 3072 and 3072 x 768 matrices: int8 between 38 and 75 MFLOP,
-bf16 between 19 and 38, fp32 between 9 and 19; attention of one query per row and head over 12-196 keys, fp32's fused
-kernel between 1.2 and 2.4 MFLOP, bf16 two batched products from about 5). The thresholds sit below them: a product
-near its crossing point gains or loses little either way. :class:`one_thread` runs a block on one intra-op thread and
-gives the caller's count back after; switching costs about 0.2 us. Results do not depend on it (the kernels split
-the output columns or heads between threads).
+rows 1-32 of namc_base's 768 x 768, 768 x 2304, 768 x 3072 and 3072 x 768 matrices, where one thread stops winning
+depends on the matrix: int8 between 38 and 113 MFLOP, bf16 between 28 and 38, fp32 on ``F.linear`` between 9 and 28;
+attention of one query per row and head over 12-196 keys, fp32's fused kernel between 1 and 2.4 MFLOP, bf16 as two
+batched products between 5 and 10; bf16's fused kernel wins on one thread over 12 keys up to 0.6 MFLOP but loses over
+196 keys at 0.6, so it keeps two from 0.13). The thresholds sit at or below them: a product near its crossing point
+gains or loses little either way (docs/throughput.md, session 32). :class:`one_thread` runs a block on one intra-op
+thread and gives the caller's count back after; switching costs about 0.2 us. Results do not depend on it (the
+kernels split the output columns or heads between threads).
 
 OpenMP reads ``OMP_WAIT_POLICY`` when torch loads; this module reads it on first use, so set it before the process
 starts, as ``namc benchmark`` does.
