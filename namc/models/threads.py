@@ -61,10 +61,10 @@ def serial(flops: float, kind: str) -> bool:
     """Whether a CPU product of ``flops`` of ``kind`` (a key of ``SERIAL_FLOPS``) should run on one thread: only
     where idle threads sleep, more than one thread is set, and no graph is being compiled."""
     return (
-        flops < SERIAL_FLOPS[kind]
+        not torch.compiler.is_compiling()  # first: a graph being traced never reaches the thread count
+        and flops < SERIAL_FLOPS[kind]
         and idle_threads_sleep()
         and torch.get_num_threads() > 1
-        and not torch.compiler.is_compiling()
     )
 
 
