@@ -177,9 +177,11 @@ def test_attend_one_matches_scaled_dot_product_attention(dtype):
     assert torch.allclose(attend_one(q, k, v).double(), F.scaled_dot_product_attention(q, k, v).double(), atol=tol)
 
 
-def test_dense_matches_linear():
-    """The generation-time linear (oneDNN on CPU for large matrices) equals F.linear up to rounding."""
-    x, w, b = torch.randn(8, 1024), torch.randn(1024, 1024) / 32, torch.randn(1024)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_dense_matches_linear(rows):
+    """The generation-time linear (oneDNN on CPU for large matrices, at any number of rows) equals F.linear up to
+    rounding."""
+    x, w, b = torch.randn(rows, 1024), torch.randn(1024, 1024) / 32, torch.randn(1024)
     with torch.inference_mode():
         assert torch.allclose(onednn.dense(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
         small = torch.randn(16, 1024)
