@@ -39,6 +39,7 @@ __all__ = [
     "dense",
     "fuse_resnet",
     "is_packed",
+    "linear",
     "linear_available",
     "pack_linear",
 ]
@@ -288,9 +289,8 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     """
     if isinstance(weight, nn.Module):
         return weight(x.float()).to(x.dtype)
-    flops = 2.0 * x.numel() * weight.shape[0]
     if is_packed(weight):  # prepacked by FDG.pack_step("bf16"); outside autocast's reach, so cast here
-        return threads.run("bf16", flops, _onednn_linear, x.to(weight.dtype), weight, bias)
+        return linear(x, weight, bias)
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     if (
@@ -301,7 +301,19 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
         and linear_available()
     ):
         return _onednn_linear(x, weight, bias)
-    return threads.run("bf16" if weight.dtype == torch.bfloat16 else "fp32", flops, F.linear, x, weight, bias)
+    return threads.run(_kind(weight), 2.0 * x.numel() * weight.shape[0], F.linear, x, weight, bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """oneDNN's linear kernel on a CPU ``weight`` (fp32 as it is, or bf16 prepacked by :func:`pack_linear`), ``x``
+    cast to its dtype; on one thread where the product is too small to pay for waking a second
+    (:mod:`namc.models.threads`)."""
+    return threads.run(_kind(weight), 2.0 * x.numel() * weight.shape[0], _onednn_linear, x.to(weight.dtype), weight,
+                       bias)  # fmt: skip
+
+
+def _kind(weight: torch.Tensor) -> str:
+    return "bf16" if weight.dtype == torch.bfloat16 else "fp32"
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.models import onednn, threads
+from namc.models import onednn
 from namc.models.layers import attend_sized
 from namc.models.qlinear import DynamicLinear, quantize_linears
 
@@ -237,11 +237,7 @@ class OneDNNLinear(nn.Module):
         self.bias = None if bias is None else bias.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kind = "bf16" if self.weight.dtype == torch.bfloat16 else "fp32"  # one thread for a small product, as namc's
-        return threads.run(kind, 2.0 * x.numel() * self.weight.shape[0], self._forward, x)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.bias, "none", [], "")
+        return onednn.linear(x, self.weight, self.bias)  # small products on one thread, as namc's
 
 
 class ProjectedAttention(nn.Module):
