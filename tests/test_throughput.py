@@ -20,6 +20,7 @@ from namc.eval.throughput.clip4idc import linear_form
 from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
 from namc.models import onednn
+from namc.models.layers import GELU, LayerNorm
 from namc.models.precision import int8_calibration
 from namc.models.qlinear import DynamicLinear, int8_kernels
 
@@ -389,6 +390,10 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     assert linear_form(low) == forms[precision] and linear_form(peer) == "fp32"  # the report's peer.linear_maps
     used = [low.clip.visual, low.cross, low.decoder, low.transform, low.head]
     assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]
+    # its LayerNorms and GELUs are namc's, with namc's rule for small inputs (namc.models.threads)
+    norms = [m for m in low.modules() if isinstance(m, (nn.LayerNorm, nn.GELU))]
+    assert len(norms) > 40 and all(type(m) in (LayerNorm, GELU) for m in norms)
+    assert all(isinstance(layer.activation, GELU) for layer in low.decoder)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     images = torch.rand(2, 1, 3, 224, 224)
     with torch.inference_mode():

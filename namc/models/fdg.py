@@ -30,7 +30,7 @@ from torch import nn
 from namc import ops
 from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
-from namc.models.layers import Block, KVCache, attend_one, attend_sized
+from namc.models.layers import Block, KVCache, LayerNorm, attend_one, attend_sized
 from namc.models.layers import StepWeights as _StepWeights
 from namc.models.qlinear import int8_linear
 from namc.models.shortlist import Shortlist, greedy_ids
@@ -81,7 +81,7 @@ class FDG(nn.Module):
         nn.init.normal_(self.pos, std=0.02)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c.dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.layers))
-        self.ln_f = nn.LayerNorm(c.dim)
+        self.ln_f = LayerNorm(c.dim)
         # tied: the output projection reuses the input embedding (no parameter of its own, one tensor on disk)
         self.lm_head = None if c.tie_embeddings else nn.Linear(c.dim, c.vocab_size, bias=False)
 

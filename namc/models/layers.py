@@ -184,7 +184,22 @@ class GELU(nn.GELU):
         if x.is_cpu and x.is_contiguous() and 1 < x.numel() <= self.SERIAL_NUMEL and x.numel() % 2 == 0:
             torch.ops.aten.gelu_(x.view(2, -1).t(), approximate=self.approximate)  # not contiguous: ATen's kernel
             return x
+        if x.is_cpu:  # oneDNN's kernel, on one thread where it is small (threads.SERIAL_ELEMENTS)
+            return threads.run("gelu", x.numel(), torch.ops.aten.gelu_, x, approximate=self.approximate)
         return torch.ops.aten.gelu_(x, approximate=self.approximate)
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` that runs on one thread where its input is small and OpenMP's idle threads sleep
+    (:mod:`namc.models.threads`): PyTorch's CPU kernel opens a parallel region over the rows from a few rows up,
+    and waking the second thread costs more than normalising a decoding step's states (32 x 768: 48-56 us on two
+    AMD EPYC threads under ``OMP_WAIT_POLICY=PASSIVE``, 10-13 us on one). The same parameters, state dict and values.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cpu:
+            return threads.run("layer_norm", x.numel(), super().forward, x)
+        return super().forward(x)
 
 
 def residual(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -200,12 +215,12 @@ class Block(nn.Module):
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.1) -> None:
         super().__init__()
-        self.ln_self = nn.LayerNorm(dim)
+        self.ln_self = LayerNorm(dim)
         self.self_attn = Attention(dim, heads, dropout)
-        self.ln_cross = nn.LayerNorm(dim)
-        self.ln_context = nn.LayerNorm(dim)
+        self.ln_cross = LayerNorm(dim)
+        self.ln_context = LayerNorm(dim)
         self.cross_attn = Attention(dim, heads, dropout)
-        self.ln_ffn = nn.LayerNorm(dim)
+        self.ln_ffn = LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         self.ffn = nn.Sequential(nn.Linear(dim, hidden), GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
         self.drop = nn.Dropout(dropout)

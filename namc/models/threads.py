@@ -35,7 +35,7 @@ import torch
 
 T = TypeVar("T")
 
-__all__ = ["SERIAL_FLOPS", "idle_threads_sleep", "one_thread", "run", "serial"]
+__all__ = ["SERIAL_ELEMENTS", "SERIAL_FLOPS", "idle_threads_sleep", "one_thread", "run", "serial"]
 
 SERIAL_FLOPS = {
     "int8": 1 << 25,  # dynamic int8 products (namc.models.qlinear)
@@ -45,6 +45,11 @@ SERIAL_FLOPS = {
     "sdpa_fp32": 1 << 20,  # F.scaled_dot_product_attention in fp32
     "sdpa_bf16": 1 << 17,  # ... in bf16 (its fused kernel is slow on one thread)
     "attend_one": 1 << 23,  # namc.models.layers.attend_one: two batched products
+}
+
+SERIAL_ELEMENTS = {  # kernels that pass over their input once, by its number of elements
+    "layer_norm": 1 << 17,  # namc.models.layers.LayerNorm
+    "gelu": 1 << 17,  # namc.models.layers.GELU, above the size where ATen's kernel stays on one thread anyway
 }
 
 _SLEEP: list[bool] = []  # filled on first use: the environment does not change OpenMP's policy after torch loads
@@ -58,11 +63,12 @@ def idle_threads_sleep() -> bool:
 
 
 def serial(flops: float, kind: str) -> bool:
-    """Whether a CPU product of ``flops`` of ``kind`` (a key of ``SERIAL_FLOPS``) should run on one thread: only
-    where idle threads sleep, more than one thread is set, and no graph is being compiled."""
+    """Whether a CPU product of ``flops`` of ``kind`` (a key of ``SERIAL_FLOPS``; for a key of ``SERIAL_ELEMENTS``,
+    ``flops`` is the input's number of elements) should run on one thread: only where idle threads sleep, more than
+    one thread is set, and no graph is being compiled."""
     return (
         not torch.compiler.is_compiling()  # first: a graph being traced never reaches the thread count
-        and flops < SERIAL_FLOPS[kind]
+        and flops < (SERIAL_FLOPS[kind] if kind in SERIAL_FLOPS else SERIAL_ELEMENTS[kind])
         and idle_threads_sleep()
         and torch.get_num_threads() > 1
     )

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from namc.models import onednn
-from namc.models.layers import attend_sized
+from namc.models.layers import GELU, LayerNorm, attend_sized
 from namc.models.qlinear import DynamicLinear, quantize_linears
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "OneDNNLinear",
     "ProjectedAttention",
     "linear_form",
+    "namc_norms",
     "peer_at",
 ]
 
@@ -208,6 +209,23 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
                 setattr(
                     module, name, linear(child.weight.detach(), None if child.bias is None else child.bias.detach())
                 )
+    return namc_norms(twin)
+
+
+def namc_norms(twin: nn.Module) -> nn.Module:
+    """``twin`` (an inference copy) with its LayerNorms and GELUs as namc's (:class:`~namc.models.layers.LayerNorm`,
+    :class:`~namc.models.layers.GELU`): the same values, on one thread where the input is small and OpenMP's idle
+    threads sleep, as namc's decoding step runs them. The decoder layers' GELU is a function; it becomes the module."""
+    for module in list(twin.modules()):
+        for name, child in module.named_children():
+            if type(child) in (nn.LayerNorm, open_clip.transformer.LayerNorm):  # the same maths where dtypes agree
+                norm = LayerNorm(child.normalized_shape, child.eps, child.elementwise_affine, child.bias is not None)
+                norm.load_state_dict(child.state_dict())
+                setattr(module, name, norm.to(child.weight.dtype) if child.weight is not None else norm)
+            elif type(child) is nn.GELU:
+                setattr(module, name, GELU(child.approximate))
+        if isinstance(module, nn.TransformerDecoderLayer) and module.activation is F.gelu:
+            module.activation = GELU()
     return twin
 
 
