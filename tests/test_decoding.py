@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import namc
 from namc.data.collate import pad_sequences
 from namc.eval.throughput.baselines import generate_reference, generate_uncached
-from namc.models import onednn
+from namc.models import layers, onednn
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.layers import GELU, Block, attend_one, residual
 
@@ -175,6 +175,26 @@ def test_attend_one_matches_scaled_dot_product_attention(dtype):
     v2 = v.masked_fill(~mask[:, :, 0, :, None], 1e3)  # values of masked keys must not leak in
     assert torch.equal(attend_one(q, k, v2, mask), got)
     assert torch.allclose(attend_one(q, k, v).double(), F.scaled_dot_product_attention(q, k, v).double(), atol=tol)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "keys", "batched"),
+    [(torch.float32, 196, False), (torch.bfloat16, 196, True), (torch.bfloat16, 6, False), (torch.bfloat16, 600, True)],
+)
+def test_attend_step_takes_the_batched_products_for_large_low_precision_attention(dtype, keys, batched):
+    """A decoding step's attention: bf16 from ONE_QUERY_FUSED_FLOPS up runs attend_one (the same values to the bit),
+    smaller ones and fp32 PyTorch's fused kernel (the same to the bit too); either way SDPA's maths."""
+    g = torch.Generator().manual_seed(5)
+    rows = 3 if keys != 600 else 1
+    q, k, v = (torch.randn(rows, 12, n, 64, generator=g).to(dtype) for n in (1, keys, keys))
+    mask = torch.rand(rows, 1, 1, keys, generator=g) > 0.2
+    mask[..., 0] = True
+    assert (4.0 * q.numel() * keys >= layers.ONE_QUERY_FUSED_FLOPS) == (keys != 6)
+    got = layers.attend_step(q, k, v, mask)
+    kernel = attend_one(q, k, v, mask) if batched else F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(got, kernel)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert torch.allclose(got.double(), exact, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])

@@ -30,7 +30,7 @@ from torch import nn
 from namc import ops
 from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
-from namc.models.layers import Block, KVCache, LayerNorm, attend_one, attend_sized
+from namc.models.layers import Block, KVCache, LayerNorm, attend_step
 from namc.models.layers import StepWeights as _StepWeights
 from namc.models.qlinear import int8_linear
 from namc.models.shortlist import Shortlist, greedy_ids
@@ -160,18 +160,15 @@ class FDG(nn.Module):
         ``mask`` (None: all it returns; :class:`~namc.models.static_decode.StaticKVCache` masks the slots ahead)."""
         b, D = x.shape
         mask = None if memory_mask is None else memory_mask[:, None, None, :]  # (b, 1, 1, N)
-        # the fused SDPA kernel is slow for one query in bf16 from 8 rows up (attend_one); fp32 keeps it (bit for bit)
         kv_dtype = cross_kv[0][0].dtype  # bf16 in a bf16 or int8 copy (FDG.pack_step)
-        many = b >= onednn.MIN_ROWS and x.device.type == "cpu" and kv_dtype != torch.float32
-        attend = attend_one if many else F.scaled_dot_product_attention
         for block, cache, (k_mem, v_mem), w in zip(self.blocks, caches, cross_kv, fused):
             H, E = block.self_attn.heads, block.self_attn.head_dim
             qkv = onednn.dense(block.ln_self(x), *w.qkv).view(b, 3, H, 1, E)  # (b, 3, H, 1, E)
             k, v = cache.append(qkv[:, 1], qkv[:, 2])  # 2 x (b, H, t, E)
-            y = attend_sized(attend, qkv[:, 0], k, v, cache.mask)  # (b, H, 1, E)
+            y = attend_step(qkv[:, 0], k, v, cache.mask)  # (b, H, 1, E)
             x = x + onednn.dense(y.view(b, D), *w.self_out)  # (b, D)
             q = onednn.dense(block.ln_cross(x), *w.cross_q).view(b, H, 1, E)
-            y = attend_sized(attend, q.to(kv_dtype), k_mem, v_mem, mask).to(q.dtype)  # (b, H, 1, E); int8: casts
+            y = attend_step(q.to(kv_dtype), k_mem, v_mem, mask).to(q.dtype)  # (b, H, 1, E); int8: casts
             x = x + onednn.dense(y.view(b, D), *w.cross_out)  # (b, D)
             x = x + onednn.dense(block.ffn[1](onednn.dense(block.ln_ffn(x), *w.ffn_in)), *w.ffn_out)
         return onednn.dense(self.ln_f(x), *fused[-1].vocab)  # (b, V)

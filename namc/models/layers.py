@@ -62,10 +62,8 @@ def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     For a single query, the CPU kernel behind ``scaled_dot_product_attention`` (flash attention, blocked for long
     query sequences) is the slower choice: for 32 rows of 12 heads over 392 keys (one thread of an AMD EPYC with
     AVX-512 BF16) 13.3 vs 2.1 ms in bf16, where this reads keys and values once and is bound by memory (fp32: 5.3
-    vs 4.1 ms, but under 10% over a whole decoding, so fp32 keeps the fused kernel; so do bf16 batches under 8
-    rows: namc_base's bf16 decoding on two threads, interleaved, 0.91-1.00x at batch 1-4, 1.03x at 8, 1.24x at 16,
-    1.35x at 32). The scores are rounded to the inputs' dtype before the softmax (the fused kernel keeps them in
-    fp32).
+    vs 4.1 ms, but under 10% over a whole decoding, so fp32 keeps the fused kernel; :func:`attend_step` says where
+    in bf16). The scores are rounded to the inputs' dtype before the softmax (the fused kernel keeps them in fp32).
     """
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))  # (B, H, 1, S)
     if mask is not None:
@@ -81,6 +79,32 @@ def attend_sized(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.
         return attend(q, k, v, *args, **kwargs)
     kind = "attend_one" if attend is attend_one else ("sdpa_bf16" if q.dtype == torch.bfloat16 else "sdpa_fp32")
     return threads.run(kind, 4.0 * q.numel() * k.shape[-2], attend, q, k, v, *args, **kwargs)
+
+
+# 4 B H S E FLOPs of one query per row and head from which attend_step takes attend_one for bf16 keys and values
+ONE_QUERY_FUSED_FLOPS = 1 << 17
+
+
+def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """A decoding step's attention, one query per row and head ((B, H, 1, E) over (B, H, S, E) -> (B, H, 1, E)), on
+    the faster kernel (:func:`attend_sized`): ``F.scaled_dot_product_attention``, except for bf16 keys and values on
+    a CPU from ``ONE_QUERY_FUSED_FLOPS`` up, where :func:`attend_one` is. PyTorch's fused bf16 kernel is quick for
+    small ones on one thread and slow on two: two AMD EPYC threads, 12 heads of 64 channels, medians in us, fused /
+    attend_one, under ``OMP_WAIT_POLICY=PASSIVE`` (the threshold is where the fused kernel takes its second thread)
+    and spinning:
+
+    ======  ====================  ==================  ==================  =========================
+    keys    1 row                 2 rows              4 rows              8 rows
+    ======  ====================  ==================  ==================  =========================
+    8       19 / 56; 15 / 19 (2)  31 / 60             55 / 69             158 / 88
+    24      39 / 60; 30 / 57      103 / 67; 50 / 60   147 / 82; 92 / 69   236 / 113; 177 / 85
+    196     186 / 86; 134 / 71    319 / 115           567 / 171           1107 / 278; 1132 / 229
+    ======  ====================  ==================  ==================  =========================
+
+    fp32 keeps the fused kernel at every size (bit for bit the module path's attention)."""
+    if k.is_cpu and k.dtype != torch.float32 and 4.0 * q.numel() * k.shape[-2] >= ONE_QUERY_FUSED_FLOPS:
+        return attend_sized(attend_one, q, k, v, mask)
+    return attend_sized(F.scaled_dot_product_attention, q, k, v, mask)
 
 
 class Attention(nn.Module):

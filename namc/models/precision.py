@@ -13,9 +13,11 @@
   ReLUs and residual additions (:mod:`namc.models.onednn`; namc_base's grid 1.6-1.9x faster, identical features)
   and the decoding step's matrices are reordered into oneDNN's blocked layout (:meth:`FDG.pack_step
   <namc.models.fdg.FDG.pack_step>`; decoding 1.4-1.5x faster at batch >= 4). The step's one-query attention runs
-  as two batched products (:func:`~namc.models.layers.attend_one`) from 8 rows up: the fused SDPA kernel is 6x
-  slower on it in bf16 (namc_base decoding 1.35x faster at batch 32 on two AMD EPYC threads, 1.56x on one; same
-  ids). On CUDA: ``torch.autocast`` over the model itself.
+  as two batched products (:func:`~namc.models.layers.attend_one`) wherever PyTorch's fused SDPA kernel would take
+  a second thread (:func:`~namc.models.layers.attend_step`): the fused kernel is 6x slower on it in bf16 at batch 32
+  (namc_base decoding 1.35x faster there on two AMD EPYC threads, 1.56x on one; same ids) and 2.2-3.3x slower on the
+  cross-attention at batch 1-4 (decoding 1.08-1.11x faster at batch 2-4). On CUDA: ``torch.autocast`` over the
+  model itself.
 - ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR and every matrix of FDG's
   decoding step (the vocabulary projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's
   x86 kernel: int8 weights with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
