@@ -93,13 +93,17 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
     attend_one, under ``OMP_WAIT_POLICY=PASSIVE`` (the threshold is where the fused kernel takes its second thread)
     and spinning:
 
-    ======  ====================  ==================  ==================  =========================
-    keys    1 row                 2 rows              4 rows              8 rows
-    ======  ====================  ==================  ==================  =========================
-    8       19 / 56; 15 / 19 (2)  31 / 60             55 / 69             158 / 88
-    24      39 / 60; 30 / 57      103 / 67; 50 / 60   147 / 82; 92 / 69   236 / 113; 177 / 85
-    196     186 / 86; 134 / 71    319 / 115           567 / 171           1107 / 278; 1132 / 229
-    ======  ====================  ==================  ==================  =========================
+    ================  ========  ========  ========  ==========
+    keys, policy      1 row     2 rows    4 rows    8 rows
+    ================  ========  ========  ========  ==========
+    2, passive        12 / 19   18 / 24   29 / 66   51 / 82
+    8, passive        19 / 56   31 / 60   55 / 69   158 / 88
+    24, passive       39 / 60   103 / 67  147 / 82  236 / 113
+    196, passive      186 / 86  319 / 115 567 / 171 1107 / 278
+    2, spinning       15 / 19   26 / 24   45 / 62   82 / 69
+    24, spinning      30 / 57   50 / 60   92 / 69   177 / 85
+    196, spinning     134 / 71  262 / 89  551 / 152 1132 / 229
+    ================  ========  ========  ========  ==========
 
     fp32 keeps the fused kernel at every size (bit for bit the module path's attention)."""
     if k.is_cpu and k.dtype != torch.float32 and 4.0 * q.numel() * k.shape[-2] >= ONE_QUERY_FUSED_FLOPS:
