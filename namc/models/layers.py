@@ -81,8 +81,9 @@ def attend_sized(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.
     return threads.run(kind, 4.0 * q.numel() * k.shape[-2], attend, q, k, v, *args, **kwargs)
 
 
-# 4 B H S E FLOPs of one query per row and head from which attend_step takes attend_one for bf16 keys and values
-ONE_QUERY_FUSED_FLOPS = 1 << 17
+# 4 B H S E FLOPs of one query per row and head from which attend_step takes attend_one for bf16 keys and values:
+# where the fused bf16 kernel stops running on one thread (its threads rule), the size from which it loses
+ONE_QUERY_FUSED_FLOPS = threads.SERIAL_FLOPS["sdpa_bf16"]
 
 
 def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
