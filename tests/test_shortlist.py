@@ -19,7 +19,7 @@ from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.files import ConfigError
-from namc.models.shortlist import SHORTLIST_FILE, Shortlist
+from namc.models.shortlist import SHORTLIST_FILE, Shortlist, first_max_index
 from namc.models.static_decode import StaticDecoder
 
 V, D, EOS, PAD = 300, 32, 2, 0
@@ -247,3 +247,24 @@ def test_a_saved_model_keeps_its_training_shortlist(tmp_path, caplog: pytest.Log
         bad.rename(tmp_path / "none" / SHORTLIST_FILE)
         assert namc.NAMC.from_pretrained(tmp_path / "none").training_shortlist is None
     assert "shortlist.json is not recorded in config.json: ignored" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("columns", [49409, 8192, 5000])
+def test_the_greedy_pick_is_maxs_first_index(dtype: torch.dtype, columns: int):
+    """The pick (blocked for fp32) gives ``max``'s indices: ties (the first wins, across blocks and in the columns
+    after the last whole block), NaNs (the first), rows of -inf, a row's largest in the last column, strided rows."""
+    g = torch.Generator().manual_seed(columns)
+    x = torch.randint(0, 40, (33, columns), generator=g).to(dtype)  # many ties in every row
+    x[1], x[2], x[3] = float("-inf"), 0.0, float("-inf")
+    x[3, -1] = 1.0  # the largest only in the columns after the last whole block
+    x[4, -1] = 40.0  # strictly larger there
+    x[5, 7], x[5, 3000] = float("nan"), float("nan")
+    x[6, -1] = float("nan")
+    x[7, 300], x[7, -1] = 40.0, 40.0  # a tie between a block and the last columns: the block's is first
+    cases = [x, x[::2], x.unsqueeze(1).expand(33, 3, columns)[:, 1], torch.cat([x, x], 1)[:, 5 : 5 + columns]]
+    for logits in cases:
+        picked = first_max_index(logits)
+        assert torch.equal(picked, logits.max(dim=-1).indices)
+        assert torch.equal(picked, logits.float().nan_to_num(nan=float("inf")).argmax(dim=-1))
+    assert torch.equal(first_max_index(x[:1]), x[:1].max(dim=-1).indices)  # one row: max itself

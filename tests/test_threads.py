@@ -15,7 +15,7 @@ import torch
 from namc.models import threads
 torch.set_num_threads(2)
 calls = [("int8", 1e6), ("int8", 1e9), ("bf16", 1e6), ("fp32", 1e6), ("sdpa_fp32", 1e8), ("layer_norm", 24576),
-         ("gelu", 98304), ("layer_norm", 1e6)]
+         ("gelu", 98304), ("layer_norm", 1e6), ("argmax", 32 * 49409), ("argmax", 128 * 49409)]
 seen = [threads.run(kind, flops, torch.get_num_threads) for kind, flops in calls]
 try:
     with threads.one_thread():
@@ -32,6 +32,7 @@ from namc.models import onednn, threads
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.layers import GELU, LayerNorm
 from namc.models.qlinear import DynamicLinear
+from namc.models.shortlist import first_max_index
 torch.set_num_threads(2)
 torch.manual_seed(0)
 layer, w = DynamicLinear(torch.randn(96, 64), torch.randn(96)), torch.randn(4096, 64)
@@ -39,13 +40,14 @@ x = torch.randn(3, 64)
 norm, h = LayerNorm(64), torch.randn(32, 3072)  # h: above GELU's own one-thread size, below the rule's
 fdg = FDG(FDGConfig(vocab_size=300, dim=64, heads=4, layers=2, max_len=16, eos_id=-1, dropout=0.0)).eval()
 memory = torch.randn(3, 7, 64)
+logits = torch.randint(0, 50, (32, 49409)).float()  # ties in every row
 int8 = copy.deepcopy(fdg)
 int8.pack_step("int8")
 out = {}
 for sleep in (True, False):
     threads._SLEEP[:] = [sleep]
     out[sleep] = (layer(x), onednn.dense(x, w), fdg.generate(memory, 8), int8.generate(memory, 8), norm(x),
-                  GELU()(h.clone()))
+                  GELU()(h.clone()), first_max_index(logits))
 print(threads.serial(2.0 * 3 * 96, "int8"), all(torch.equal(a, b) for a, b in zip(out[True], out[False])))
 """
 
@@ -62,9 +64,9 @@ def _python(code: str, policy: str | None) -> str:
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
-        ("PASSIVE", "True [1, 2, 1, 1, 2, 1, 1, 2] 2"),
-        ("passive", "True [1, 2, 1, 1, 2, 1, 1, 2] 2"),
-        (None, "False [2, 2, 2, 2, 2, 2, 2, 2] 2"),
+        ("PASSIVE", "True [1, 2, 1, 1, 2, 1, 1, 2, 1, 2] 2"),
+        ("passive", "True [1, 2, 1, 1, 2, 1, 1, 2, 1, 2] 2"),
+        (None, "False [2, 2, 2, 2, 2, 2, 2, 2, 2, 2] 2"),
     ],
 )
 def test_small_products_run_on_one_thread_only_where_idle_threads_sleep(policy, expected):
@@ -74,6 +76,6 @@ def test_small_products_run_on_one_thread_only_where_idle_threads_sleep(policy, 
 
 
 def test_one_thread_gives_the_same_results():
-    """Dynamic int8 and fp32 products, LayerNorm, GELU and whole greedy decodings in fp32 and int8, equal to the bit
-    with small products on one thread and on two."""
+    """Dynamic int8 and fp32 products, LayerNorm, GELU, the greedy pick and whole greedy decodings in fp32 and int8,
+    equal to the bit with small products on one thread and on two."""
     assert _python(SAME, "PASSIVE") == "False True"

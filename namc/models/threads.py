@@ -24,7 +24,8 @@ kernels split the output columns or heads between threads).
 The same holds for kernels that pass once over a small input (``SERIAL_ELEMENTS``, by its number of elements):
 a LayerNorm of 32 x 768 took 48-56 us on two threads and 10-13 us on one, of 128 x 768 64-70 / 32-44, of 512 x 768
 110-139 / 117-167; oneDNN's GELU of 8 x 3072 65 / 18-21 us, 32 x 3072 81-91 / 50-62, 128 x 3072 150-169 / 177-211
-(fp32 and bf16).
+(fp32 and bf16); the greedy pick's blocked reduction over fp32 logits of 64 x 49,409 498 / 322 us, of 128 x 49,409
+756 / 821.
 
 OpenMP reads ``OMP_WAIT_POLICY`` when torch loads; this module reads it on first use, so set it before the process
 starts, as ``namc benchmark`` does.
@@ -55,6 +56,7 @@ SERIAL_FLOPS = {
 SERIAL_ELEMENTS = {  # kernels that pass over their input once, by its number of elements
     "layer_norm": 1 << 17,  # namc.models.layers.LayerNorm
     "gelu": 1 << 17,  # namc.models.layers.GELU, above the size where ATen's kernel stays on one thread anyway
+    "argmax": 1 << 22,  # namc.models.shortlist.first_max_index (fp32)
 }
 
 _SLEEP: list[bool] = []  # filled on first use: the environment does not change OpenMP's policy after torch loads
