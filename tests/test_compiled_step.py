@@ -3,8 +3,10 @@ when it is compiled again. Compiled generations are checked in test_decoding.py 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from namc.models import qlinear
 from namc.models.compiled_step import CompiledStep, FrozenStep
 from namc.models.fdg import FDG, FDGConfig, _StepWeights
 
@@ -33,13 +35,23 @@ def test_frozen_step_runs_the_eager_step_on_the_same_weights():
         tokens = expected.argmax(-1)
 
 
-def test_frozen_step_holds_an_int8_copys_packed_layers():
+def test_frozen_step_holds_an_int8_copys_packed_layers(monkeypatch: pytest.MonkeyPatch):
+    """The int8 layers themselves, and the matrices an int8 copy keeps in fp32 (under ``INT8_MIN_WEIGHT`` entries;
+    2048 here, so that this width-32 step has both: q/k/v 3072 and the FFN's 4096 int8, the rest fp32)."""
+    monkeypatch.setattr(qlinear, "INT8_MIN_WEIGHT", 2048)
     fdg = _fdg()
     fdg.pack_step("int8")
     frozen = FrozenStep(fdg, fdg.step_weights())
+    kinds = set()
     for mine, packed in zip(frozen.step_weights(), fdg._packed_step):
         for name in _StepWeights.NAMES:
-            assert getattr(mine, name)[0] is getattr(packed, name)[0]
+            held, layer = getattr(mine, name), getattr(packed, name)
+            if isinstance(layer[0], torch.nn.Module):
+                assert held[0] is layer[0]
+            else:
+                assert all(a is b is None or torch.equal(a, b) for a, b in zip(held, layer))
+            kinds.add(type(layer[0]).__name__)
+    assert kinds == {"DynamicLinear", "Tensor"}
 
 
 def test_frozen_step_is_compiled_again_only_after_its_weights_change():

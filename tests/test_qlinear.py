@@ -10,7 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+import namc
+from namc.models import qlinear
 from namc.models.fusion import ConcatFusion
+from namc.models.precision import inference_copy
 from namc.models.qlinear import (
     KERNELS_ENV,
     DynamicLinear,
@@ -29,6 +32,39 @@ KERNELS = ["quantized", "plain"] if QUANTIZED else ["plain"]
 
 def _error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y - ref).norm() / ref.norm()).item()
+
+
+@pytest.fixture(autouse=True)
+def _int8_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests' layers are small; int8 copies leave matrices under INT8_MIN_WEIGHT entries in fp32 (tested
+    below, with the threshold as shipped), so here every size is quantised."""
+    monkeypatch.setattr(qlinear, "INT8_MIN_WEIGHT", 0)
+
+
+def test_small_matrices_stay_fp32(monkeypatch: pytest.MonkeyPatch):
+    """With the shipped threshold (8,192 entries) an int8 copy quantises 64 x 128 (8,192) and leaves 128 x 32 in fp32.
+    namc_tiny at the demo's width of 32 (and its 81-word vocabulary) keeps every matrix of MIR and FDG in fp32, so its
+    int8 decoding gives fp32's ids to the bit; at its own width of 128 every one is int8."""
+    monkeypatch.undo()
+    assert qlinear.INT8_MIN_WEIGHT == 8192
+    net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
+    q = quantize_linears(net)
+    assert [type(m) for m in q] == [DynamicLinear, nn.GELU, nn.Linear] and torch.equal(q[2].weight, net[2].weight)
+
+    for dim, int8_layers in ((32, False), (128, True)):
+        torch.manual_seed(0)
+        model = namc.create_model("namc_tiny", pretraining=False, dim=dim, heads=2 if dim == 32 else 4).eval()
+        int8 = inference_copy(model, "int8")
+        entries = [getattr(w, n)[0] for w in int8.fdg.step_weights() for n in w.NAMES]
+        dynamic = [m for m in [*int8.mir.modules(), *entries] if isinstance(m, DynamicLinear)]
+        assert all(isinstance(e, nn.Module) == int8_layers for e in entries)
+        assert all(m.in_features * m.out_features >= 8192 for m in dynamic) and bool(dynamic) == int8_layers
+        size = model.config.image_size
+        images = torch.rand(2, 3, 3, size, size, generator=torch.Generator().manual_seed(dim))
+        with torch.inference_mode():
+            memory = model.encode_pair(images[0], images[1])
+            same = torch.equal(int8.fdg.generate(memory, 8), model.fdg.generate(memory, 8))
+        assert same or int8_layers
 
 
 @pytest.mark.skipif(not full_range(), reason="this CPU has no VNNI: activations stay at 7 bits")

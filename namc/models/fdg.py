@@ -32,7 +32,7 @@ from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
 from namc.models.layers import Block, KVCache, LayerNorm, attend_step
 from namc.models.layers import StepWeights as _StepWeights
-from namc.models.qlinear import int8_linear
+from namc.models.qlinear import int8_linear, int8_worthwhile
 from namc.models.shortlist import Shortlist, greedy_ids
 
 
@@ -260,7 +260,7 @@ class FDG(nn.Module):
         if precision == "int8":
             for block in self.blocks:
                 kv = block.cross_attn.kv
-                if isinstance(kv, nn.Linear):
+                if isinstance(kv, nn.Linear) and int8_worthwhile(kv.weight):
                     block.cross_attn.kv = int8_linear(kv.weight, kv.bias)
             if vocab[0].device.type == "cpu" and onednn.bf16_native():
                 self._cross_kv_dtype = torch.bfloat16

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from namc.models import onednn, threads
-from namc.models.qlinear import int8_linear
+from namc.models.qlinear import int8_linear, int8_worthwhile
 
 
 class KVCache:
@@ -347,8 +347,12 @@ class StepWeights:
     @staticmethod
     def packed(weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> tuple:
         """One matrix in the form :meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>` keeps: ``"int8"`` a
-        dynamic int8 layer ``(layer,)``, ``"bf16"`` bf16 weights reordered once for oneDNN ``(matrix, bias)``."""
+        dynamic int8 layer ``(layer,)`` (a matrix too small to gain from int8 stays fp32 ``(matrix, bias)``,
+        :func:`~namc.models.qlinear.int8_worthwhile`), ``"bf16"`` bf16 weights reordered once for oneDNN ``(matrix,
+        bias)``."""
         if precision == "int8":
+            if not int8_worthwhile(weight):
+                return (weight.detach(), None if bias is None else bias.detach())
             return (int8_linear(weight, bias),)
         bias = None if bias is None else bias.detach().to(torch.bfloat16)
         return (onednn.pack_linear(weight.detach().to(torch.bfloat16)), bias)

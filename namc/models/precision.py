@@ -70,6 +70,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from namc.models import qlinear
 from namc.models.files import ConfigError, atomic_write_text, read_json
 from namc.models.qlinear import int8_forms, int8_kernels
 
@@ -209,7 +210,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     if precision == "fp32":
         return model
     cached = _COPIES.setdefault(model, {})
-    key = (_fingerprint(model), int8_kernels() if precision == "int8" else None)
+    key = (_fingerprint(model), (int8_kernels(), qlinear.INT8_MIN_WEIGHT) if precision == "int8" else None)
     if precision in cached and cached[precision][0] == key:
         return cached[precision][1]
     cached.pop(precision, None)  # free the stale copy before building the new one

@@ -43,6 +43,7 @@ from torch import nn
 from namc.models import onednn, threads
 from namc.models.files import ConfigError, atomic_write_text, read_json
 from namc.models.layers import StepWeights
+from namc.models.qlinear import int8_linear
 
 __all__ = ["SHORTLIST_FILE", "Shortlist", "first_max_index", "greedy_ids", "load_shortlist", "save_shortlist"]
 
@@ -150,7 +151,7 @@ class Shortlist:
                 return head
         rows = weight.detach().index_select(0, self.index(weight.device))  # (S, D)
         if isinstance(entry[0], nn.Module):  # FDG.pack_step("int8"): the same per-row codes as the full matrix's
-            head = StepWeights.packed(rows, None, "int8")
+            head = (int8_linear(rows, None),)  # int8 however few the rows, as the full matrix's are
         elif onednn.is_packed(entry[0]):  # FDG.pack_step("bf16")
             head = StepWeights.packed(rows, None, "bf16")
         else:
