@@ -29,11 +29,11 @@ medians of 300 calls, at 1 / 32 / 200 / 3,200 rows: 32 x 96 3 / 68 / 61 / 209 ag
 50 / 52 / 134 against 18 / 19 / 25 / 127; 32 x 128 and 128 x 32 3 / 51-56 / 57-61 / 242-250 against 18 / 20-21 /
 31-34 / 217-261 (at 32-200 rows fp32's time is mostly waking the second thread; a decoding step runs such products on
 one, :mod:`namc.models.threads`); from 128 x 128 int8 wins with many rows (3,200: 625 against 337; 256 x 256 2148
-against 806). The matrices this leaves in fp32 are those of narrow models: at the demo's width of 32 all of MIR's and
-FDG's layers but the vocabulary projection and the grid's projection into MIR; none of namc_base's, whose smallest has
-589,824. That demo model (session 34, seed 0) decodes 1.61x faster at batch 1 and 1.24x at 100 in int8 with them in
-fp32 (one process alternating, 20 calls), 1.18x and 1.03x end to end, and keeps 98.0% of its 700 test captions
-identical to fp32's against 90.9% (CIDEr-D +0.91 against +2.95).
+against 806). The matrices this leaves in fp32 are those of narrow models: at the demo's width of 32 (and its small
+word vocabulary) every matrix of MIR and FDG, so int8 there is the grid's static int8 and fp32 after it; none of
+namc_base's, whose smallest has 589,824 entries. A demo model (session 34, seed 0) decodes 1.61x faster at batch 1
+and 1.24x at 100 in int8 with its small matrices in fp32 (one process alternating, 20 calls), 1.18x and 1.03x end to
+end (docs/throughput.md, session 34).
 """
 
 from __future__ import annotations
