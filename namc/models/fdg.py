@@ -67,6 +67,10 @@ class FDGConfig:
     tie_embeddings: bool = True
 
 
+# an int8 copy keeps the cross-attention keys / values in bf16 from this many rows up (cross_kv, pack_step)
+CROSS_KV_BF16_ROWS = 16
+
+
 class FDG(nn.Module):
     """Transformer decoder with cross-attention to the MIR output."""
 
@@ -207,7 +211,7 @@ class FDG(nn.Module):
         """Each layer's cross-attention keys and values of (B, N, D) ``memory``, 2 x (B, H, N, E), contiguous: once
         per generation. An int8 copy keeps them in bf16 from 16 rows up (below, fp32's fused SDPA kernel is as
         fast; :meth:`pack_step`)."""
-        big = not self.training and memory.shape[0] >= 2 * onednn.MIN_ROWS
+        big = not self.training and memory.shape[0] >= CROSS_KV_BF16_ROWS
         kv_dtype = getattr(self, "_cross_kv_dtype", None) if big else None
         return [
             tuple(

@@ -320,5 +320,4 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-MIN_ROWS = 8  # FDG's decoding step: bf16 one-query attention as two products, cross-attention keys and values in bf16
 MIN_WEIGHT = 1 << 20  # dense: fp32 matrices from this many entries on oneDNN's kernel
