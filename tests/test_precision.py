@@ -21,6 +21,7 @@ from namc.data.collate import pad_sequences
 from namc.inference import main as describe_main
 from namc.models import fdg as fdg_module
 from namc.models import onednn
+from namc.models import precision as precision_module
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.grid import GridEncoder
 from namc.models.precision import (
@@ -43,6 +44,14 @@ PAIRS = 16
 # stale or unfolded weights) changes nearly every caption. (A model trained on paraphrases has many more near-ties:
 # on the demo's test split bf16 and int8 keep 88% of the captions identical; namc.models.precision.)
 MIN_IDENTICAL = 0.9
+
+
+@pytest.fixture(autouse=True)
+def bf16_everywhere(monkeypatch):
+    """The bf16 copy of namc_tiny in bf16 throughout: the rules that keep a narrow model's small parts in fp32,
+    where bf16 is slower (``test_bf16_keeps_small_parts_in_fp32``), would leave these tests little bf16 to check."""
+    monkeypatch.setattr(onednn, "BF16_MIN_WEIGHT", 0)
+    monkeypatch.setattr(precision_module, "MIR_BF16_MIN_WEIGHT", 0)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +201,7 @@ def test_bf16_copy_prepacks_every_step_matrix(trained):
         weight, bias = getattr(packed[0], name)
         assert weight.is_mkldnn and weight.dtype == torch.bfloat16
         assert bias is None or bias.dtype == torch.bfloat16
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.inference_mode():  # a CPU copy runs without autocast: each part casts to its own dtype
         grid = twin.grid(torch.cat([images_1, images_2]))
         memory = twin.encode_pair(None, None, grid[: len(images_1)], grid[len(images_1) :])
         with_packed = twin.fdg.generate(memory, 8)
@@ -207,6 +216,47 @@ def test_bf16_copy_prepacks_every_step_matrix(trained):
             twin.fdg.uncompile_step()
     assert torch.equal(with_packed, plain)
     assert not fused[0].vocab[0].is_mkldnn and fused[0].vocab[0].dtype == torch.bfloat16
+
+
+BF16_RULES = (onednn.BF16_MIN_WEIGHT, precision_module.MIR_BF16_MIN_WEIGHT)  # as shipped, before the fixture
+
+
+@pytest.mark.parametrize("dim", [32, 128])
+def test_bf16_keeps_small_parts_in_fp32(dim, monkeypatch, one_thread):
+    """Where bf16 is slower (a narrow model's small matrices: oneDNN's bf16 call costs about 15 us however small)
+    the bf16 copy keeps the part in fp32 and computes exactly fp32's values there, casting at the boundaries: at
+    width 32 MIR and FDG, at 128 FDG (its MIR in bf16, its decoder reading the bf16 memory). The grid is bf16 at
+    every width where oneDNN's fused convolutions run it."""
+    monkeypatch.setattr(onednn, "BF16_MIN_WEIGHT", BF16_RULES[0])
+    monkeypatch.setattr(precision_module, "MIR_BF16_MIN_WEIGHT", BF16_RULES[1])
+    torch.manual_seed(0)
+    model = namc.create_model("namc_tiny", dim=dim, heads=dim // 32, pretraining=False).eval()
+    model.fdg.eos_id = -1  # full-length captions
+    twin = inference_copy(model, "bf16")
+    mir_bf16 = dim >= 128  # largest MIR matrix 65,536 entries >= 2^15; FDG's 65,536 < 2^17
+    assert {p.dtype for p in twin.mir.parameters()} == {torch.bfloat16 if mir_bf16 else torch.float32}
+    assert {p.dtype for p in twin.fdg.parameters()} == {torch.float32}
+    assert not any(onednn.is_packed(w[0]) for s in twin.fdg._packed_step for w in map(s.__getattribute__, s.NAMES))
+    if onednn.conv_available():
+        assert twin.grid.backbone.conv1.dtype == torch.bfloat16
+    images = torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        grid = twin.grid(images)
+        memory = twin.encode_pair(None, None, grid[:2], grid[2:])
+        assert memory.dtype == (torch.bfloat16 if mir_bf16 else torch.float32)
+        if not mir_bf16:  # MIR in fp32: fp32's memory to the bit from the bf16 grid's features
+            assert torch.equal(memory, model.encode_pair(None, None, grid[:2].float(), grid[2:].float()))
+        ids = twin.fdg.generate(memory, 12)
+        assert torch.equal(ids, model.fdg.generate(memory.float(), 12))  # FDG in fp32: fp32's ids to the bit
+        assert twin.generate_ids(images[:2], images[2:], 12).shape == (2, 12)
+    # a lower threshold puts FDG's layers in bf16 (packed for oneDNN) while the small vocabulary stays fp32
+    monkeypatch.setattr(onednn, "BF16_MIN_WEIGHT", 4 * dim * dim)
+    mixed = inference_copy(model, "bf16")
+    assert mixed is not twin and mixed.fdg.tok.weight.dtype == torch.float32
+    step = mixed.fdg._packed_step[0]
+    assert onednn.is_packed(step.qkv[0]) == onednn.linear_available() and not onednn.is_packed(step.vocab[0])
+    with torch.inference_mode():
+        assert mixed.fdg.generate(memory, 12).shape == (2, 12)
 
 
 def test_check_precision():

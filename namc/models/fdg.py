@@ -92,7 +92,7 @@ class FDG(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Project (..., D) decoder states onto the (..., V) vocabulary."""
         x = self.ln_f(x)
-        return F.linear(x, self.tok.weight) if self.lm_head is None else self.lm_head(x)
+        return F.linear(x.to(self.tok.weight.dtype), self.tok.weight) if self.lm_head is None else self.lm_head(x)
 
     def forward(
         self, tokens: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None
@@ -185,11 +185,13 @@ class FDG(nn.Module):
         if max_new_tokens + 1 > self.max_len:
             raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
         B, _, D = memory.shape
-        caches = [
-            KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, memory.dtype)
-            for _ in self.blocks
-        ]
         fused = None if self.training else self.step_weights()
+        dtype = memory.dtype
+        if fused is not None and memory.device.type == "cpu" and isinstance(fused[0].qkv[0], torch.Tensor):
+            dtype = fused[0].qkv[0].dtype  # the step's keys/values come in its matrices' dtype (a bf16 copy's own)
+        caches = [
+            KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, dtype) for _ in self.blocks
+        ]
         if fused is not None and "_compiled_step" in self.__dict__ and onednn.is_packed(fused[0].vocab[0]):
             # a compiled graph cannot take oneDNN's opaque tensors: compile over the plain weights
             fused = [_StepWeights.of(block, self._vocab()) for block in self.blocks]
@@ -233,8 +235,10 @@ class FDG(nn.Module):
         inference copy (:mod:`namc.models.precision`) whose weights no longer change.
 
         - ``"int8"``: dynamic int8 layers (per-channel weight scales, activations quantised per call).
-        - ``"bf16"``: on a CPU with oneDNN, bf16 weights reordered once into oneDNN's blocked layout
-          (``torch.ops.mkldnn._reorder_linear_weight``). A plain bf16 weight is reordered by oneDNN at every call:
+        - ``"bf16"``: on a CPU with oneDNN, the bf16 matrices reordered once into oneDNN's blocked layout
+          (``torch.ops.mkldnn._reorder_linear_weight``); fp32 ones (a bf16 copy keeps those too small to gain from
+          bf16, :func:`~namc.models.onednn.bf16_worthwhile`) stay as they are. A plain bf16 weight is reordered by
+          oneDNN at every call:
           for namc_base's 49409 x 768 vocabulary that reorder costs more than the product at batch >= 8 (one
           thread, interleaved: 10.5 vs 17.9 ms at batch 8, 15.9 vs 24.9 ms at batch 32, equal at batch 1; the
           layer matrices about 1.6x at batch >= 8). Without oneDNN nothing changes.

@@ -348,11 +348,11 @@ class StepWeights:
     def packed(weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> tuple:
         """One matrix in the form :meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>` keeps: ``"int8"`` a
         dynamic int8 layer ``(layer,)`` (a matrix too small to gain from int8 stays fp32 ``(matrix, bias)``,
-        :func:`~namc.models.qlinear.int8_worthwhile`), ``"bf16"`` bf16 weights reordered once for oneDNN ``(matrix,
-        bias)``."""
-        if precision == "int8":
-            if not int8_worthwhile(weight):
-                return (weight.detach(), None if bias is None else bias.detach())
+        :func:`~namc.models.qlinear.int8_worthwhile`), ``"bf16"`` a bf16 matrix reordered once for oneDNN ``(matrix,
+        bias)`` (an fp32 one, which a bf16 copy keeps where bf16 does not pay, stays as it is)."""
+        if precision == "int8" and int8_worthwhile(weight):
             return (int8_linear(weight, bias),)
+        if precision == "int8" or weight.dtype != torch.bfloat16:
+            return (weight.detach(), None if bias is None else bias.detach())
         bias = None if bias is None else bias.detach().to(torch.bfloat16)
-        return (onednn.pack_linear(weight.detach().to(torch.bfloat16)), bias)
+        return (onednn.pack_linear(weight.detach()), bias)

@@ -94,6 +94,7 @@ class MIR(nn.Module):
                 f"MIR expects grid features of shape (B, {self.pos.shape[0]}, {self.proj.in_features}), got "
                 f"{tuple(grid.shape)}: are the images at the model's image size (model.config.image_size)?"
             )
+        grid = grid.to(self.pos.dtype)  # features in any float dtype (a bf16 copy's grid ahead of an fp32 MIR)
         if mask is not None:
             w = mask.unsqueeze(-1).type_as(grid)  # (B, N, 1)
             grid = grid * (1 - w) + self.e_m.to(grid.dtype) * w

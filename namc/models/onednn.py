@@ -35,6 +35,7 @@ __all__ = [
     "FusedConv",
     "ShapeCache",
     "bf16_native",
+    "bf16_worthwhile",
     "conv_available",
     "dense",
     "fuse_resnet",
@@ -240,6 +241,23 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight)
 
 
+BF16_MIN_WEIGHT = 1 << 17  # bf16_worthwhile: a bf16 copy's decoding matrices from this many entries in bf16
+
+
+def bf16_worthwhile(weight: torch.Tensor) -> bool:
+    """Whether a bf16 inference copy (:mod:`namc.models.precision`) gains from keeping ``weight`` (out, in) of FDG's
+    decoding step in bf16 rather than fp32: a matrix of at least :data:`BF16_MIN_WEIGHT` entries (read at each call).
+
+    oneDNN's prepacked bf16 product costs about 15 us a call however small (one EPYC thread, 1 x 32 x 32), where
+    ``F.linear`` of a small fp32 matrix takes 2-6 us. Through :func:`dense`, two AMD EPYC threads, PASSIVE, medians
+    of 300 calls, fp32 / bf16 us at 1 / 8 / 32 / 100 rows: 128 x 128 6/24, 9/24, 17/28, 39/40; 512 x 128 10/26,
+    24/30, 54/45, 209/88; 256 x 256 16/36, 30/40, 64/57, 174/99; 768 x 256 35/40, 62/52, 194/100, 391/233; 384 x 384
+    29/46, 66/51, 169/87, 370/287; 1536 x 384 61/48, 246/77, 515/251, 1370/716. So from about 2^17 entries bf16 wins
+    from 8 rows on and loses little at one.
+    """
+    return weight.numel() >= BF16_MIN_WEIGHT
+
+
 def bf16_native() -> bool:
     """Whether oneDNN runs bf16 natively on this CPU (AVX-512 BF16 or AMX; its own check, a private op: False where
     this torch build lacks it)."""
@@ -293,6 +311,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
         return linear(x, weight, bias)
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
+    x = x.to(weight.dtype)  # a bf16 copy mixes bf16 and fp32 matrices (bf16_worthwhile) and runs without autocast
     if (
         weight.numel() >= MIN_WEIGHT
         and x.dtype == weight.dtype == torch.float32

@@ -70,9 +70,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from namc.models import qlinear
+from namc.models import onednn, qlinear
 from namc.models.files import ConfigError, atomic_write_text, read_json
 from namc.models.qlinear import int8_forms, int8_kernels
 
@@ -92,6 +93,7 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16", "int8")
+MIR_BF16_MIN_WEIGHT = 1 << 15  # a bf16 copy runs MIR in bf16 where its largest matrix has this many entries
 CALIBRATION_FILE = "int8_calibration.json"  # a saved model's static int8 grid calibration (save_pretrained)
 _CALIBRATION_FORMAT = "namc-int8-calibration/1"
 
@@ -212,7 +214,9 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     if precision == "fp32":
         return model
     cached = _COPIES.setdefault(model, {})
-    key = (_fingerprint(model), (int8_kernels(), qlinear.INT8_MIN_WEIGHT) if precision == "int8" else None)
+    int8 = precision == "int8"
+    rules = (int8_kernels(), qlinear.INT8_MIN_WEIGHT) if int8 else (onednn.BF16_MIN_WEIGHT, MIR_BF16_MIN_WEIGHT)
+    key = (_fingerprint(model), rules)
     if precision in cached and cached[precision][0] == key:
         return cached[precision][1]
     cached.pop(precision, None)  # free the stale copy before building the new one
@@ -225,13 +229,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         twin = copy.deepcopy(model, memo=memo).eval()
         twin.grid.fold_batchnorm()
         if precision == "bf16":
-            for module in twin.modules():
-                if isinstance(module, (nn.Linear, nn.Conv2d)):
-                    module.to(torch.bfloat16)
-            twin.fdg.tok.to(torch.bfloat16)  # the vocabulary projection's matrix (tied with the input embedding)
-            twin.mir.to(torch.bfloat16)  # LayerNorms, positions and residual stream too: no casts between layers
-            twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
-            twin.fdg.pack_step("bf16")  # the decoding step's matrices in oneDNN's layout, reordered once
+            _to_bf16(twin)
         else:
             fused = twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
             peaks = int8_calibration(model)
@@ -242,9 +240,50 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     return twin
 
 
+def _to_bf16(twin: nn.Module) -> None:
+    """Make ``twin``, a folded inference copy, the bf16 copy: each part in bf16 where bf16 pays on a CPU, else fp32,
+    and every part casting what it takes to its own dtype (no autocast, which would run the fp32 parts in bf16)."""
+    if onednn.conv_available():  # bf16 convolutions pay through oneDNN's fused kernels only
+        for module in twin.grid.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                module.to(torch.bfloat16)
+        twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
+    if max(m.weight.numel() for m in twin.mir.modules() if isinstance(m, nn.Linear)) >= MIR_BF16_MIN_WEIGHT:
+        twin.mir.to(torch.bfloat16)  # LayerNorms, positions and residual stream too: no casts between layers
+    fdg = twin.fdg
+    layers = max((m.weight for m in fdg.blocks.modules() if isinstance(m, nn.Linear)), key=torch.Tensor.numel)
+    vocab = fdg.tok.weight if fdg.lm_head is None else fdg.lm_head.weight
+    for module in list(fdg.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:  # the layers (all or none in bf16: one attention's q, k, v agree) and lm_head
+                weight = vocab if child is fdg.lm_head else layers
+                setattr(module, name, CastLinear.of(child.to(_dtype(onednn.bf16_worthwhile(weight)))))
+    fdg.tok.to(_dtype(onednn.bf16_worthwhile(vocab)))  # the vocabulary projection's matrix where tied
+    fdg.pack_step("bf16")  # the decoding step's bf16 matrices in oneDNN's layout, reordered once
+
+
+def _dtype(bf16: bool) -> torch.dtype:
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+class CastLinear(nn.Linear):
+    """``nn.Linear`` that casts its input to its weight's dtype: a bf16 copy's decoder layers take fp32 LayerNorm
+    outputs and a bf16 or fp32 memory, as autocast would hand them on, without autocast's cast of fp32 layers."""
+
+    @classmethod
+    def of(cls, layer: nn.Linear) -> CastLinear:
+        cast = cls(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+        cast.weight, cast.bias = layer.weight, layer.bias
+        return cast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+
 def run_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """What calls of a ``precision`` module run under: ``torch.autocast`` to bfloat16 for ``bf16``, else nothing."""
-    if precision == "bf16":
+    """What calls of a ``precision`` module run under: on CUDA ``torch.autocast`` to bfloat16 for ``bf16``; else
+    nothing (a CPU copy keeps each part in the dtype it runs in, :func:`inference_copy`)."""
+    if precision == "bf16" and device.type != "cpu":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
