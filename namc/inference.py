@@ -92,9 +92,10 @@ def describe(
         batch_size: pairs per forward pass.
         max_image_pixels: an image file whose width x height exceeds this is refused before decoding
             (:class:`~namc.data.transforms.ImageTooLargeError`); None: no cap.
-        precision: ``fp32`` (default), ``bf16`` (CPU: bf16 weights; CUDA: autocast) or ``int8`` (CPU: dynamic
-            int8 linear layers; the grid in static int8 once :func:`~namc.models.precision.calibrate_int8` has
-            calibrated the model, or its saved folder carries a calibration, else fp32); see
+        precision: ``fp32`` (default), ``bf16`` (CPU: bf16 weights where bf16 pays; CUDA: autocast) or ``int8``
+            (CPU: dynamic int8 linear layers; the grid in static int8 once
+            :func:`~namc.models.precision.calibrate_int8` has calibrated the model, or its saved folder carries a
+            calibration, else fp32); see
             :mod:`namc.models.precision` for speed and agreement with fp32.
         vocabulary: the only tokens to write (a :class:`~namc.models.shortlist.Shortlist`, e.g.
             ``model.shortlist(captions)`` of the captions the model was fine-tuned on, a fine-tuned model's
@@ -251,7 +252,8 @@ def _parser() -> argparse.ArgumentParser:
         "--precision",
         choices=PRECISIONS,
         default="fp32",
-        help="fp32 (default); bf16 (CPU: bf16 weights, about 2x faster with AVX-512 BF16 / AMX; CUDA: autocast); "
+        help="fp32 (default); bf16 (CPU: bf16 weights where bf16 pays, about 2x faster on namc_base with AVX-512 "
+        "BF16 / AMX; a narrow model's small layers stay fp32; CUDA: autocast); "
         "int8 (CPU only: dynamic int8 linear layers; the ResNet grid in static int8 where the model folder has an "
         "int8_calibration.json, written by save_pretrained after model.calibrate_int8)",
     )

@@ -2,14 +2,22 @@
 
 - ``fp32``: the model as it is (the default; bit-for-bit what namc always produced).
 - ``bf16``: on a CPU, a copy of the inference path (grid encoder with BatchNorm folded into its convolutions, MIR,
-  FDG) whose convolution and linear weights, and the vocabulary matrix, are stored in bfloat16, run under
-  ``torch.autocast("cpu", torch.bfloat16)``: oneDNN runs the convolutions and matrix products in bf16 (AVX-512
-  BF16 / AMX where the CPU has them). MIR is bf16 throughout (LayerNorms, positions, residual stream: its fp32
-  residual stream cost a cast at every layer, 12-20% of MIR's time at batch 32); FDG's LayerNorms and residual
-  stream stay fp32 (its steps are bound by the matrices, not the casts). Autocast over fp32 weights
-  re-casts every weight at every call: on namc_base's 49409 x 768 vocabulary projection (AMX Xeon, one thread)
-  48.7 ms at batch 1 and 57.3 ms at batch 32, against 5.3 and 11.6 ms with stored bf16 weights and 10.6 and 29.7 ms
-  in fp32. Two oneDNN preparations follow, both done once per copy: the grid's convolutions run fused with their
+  FDG) whose convolution and linear weights, and the vocabulary matrix, are stored in bfloat16 where bf16 pays:
+  oneDNN runs them in bf16 (AVX-512 BF16 / AMX where the CPU has them). Each part is kept in the dtype it runs in and
+  casts what it takes (no autocast, which would run the fp32 parts in bf16 too; over namc_base's all-bf16 copy it
+  changed no value). The grid is bf16 wherever oneDNN's fused convolutions run (1.96-2.17x fp32's on the demo's
+  model). MIR is bf16 throughout (LayerNorms, positions, residual stream: its fp32 residual stream cost a cast at
+  every layer, 12-20% of MIR's time at batch 32) where its largest matrix has :data:`MIR_BF16_MIN_WEIGHT` (2^15)
+  entries, else fp32; FDG's layers (all or none) and its vocabulary matrix each in bf16 from
+  :data:`~namc.models.onednn.BF16_MIN_WEIGHT` (2^17) entries (:func:`~namc.models.onednn.bf16_worthwhile`: oneDNN's
+  bf16 call costs about 15 us however small), its LayerNorms and residual stream fp32 (its steps are bound by the
+  matrices, not the casts). namc_base is bf16 in every matrix. In bf16 throughout, random namc_tiny of width D, two
+  AMD EPYC threads, bf16 against fp32 at batch 1 / 8 / 32: MIR D 64 0.75 / 0.95 / 1.25x, D 128 0.96 / 1.18 / 1.51x,
+  D 256 1.12 / 1.61 / 1.99x; decoding D 32 0.49 / 0.59 / 0.57x, D 128 0.56 / 0.66 / 0.92x, D 256 1.03 / 1.24 /
+  1.35x, D 384 1.52 / 1.63 / 1.52x. Stored bf16 weights, not autocast over fp32 ones, which re-casts every weight at
+  every call: on namc_base's 49409 x 768 vocabulary projection (AMX Xeon, one thread) 48.7 ms at batch 1 and 57.3 ms
+  at batch 32, against 5.3 and 11.6 ms with stored bf16 weights and 10.6 and 29.7 ms in fp32. Two oneDNN
+  preparations follow, both done once per copy: the grid's convolutions run fused with their
   ReLUs and residual additions (:mod:`namc.models.onednn`; namc_base's grid 1.6-1.9x faster, identical features)
   and the decoding step's matrices are reordered into oneDNN's blocked layout (:meth:`FDG.pack_step
   <namc.models.fdg.FDG.pack_step>`; decoding 1.4-1.5x faster at batch >= 4). The step's one-query attention runs
@@ -17,7 +25,7 @@
   a second thread (:func:`~namc.models.layers.attend_step`): the fused kernel is 6x slower on it in bf16 at batch 32
   (namc_base decoding 1.35x faster there on two AMD EPYC threads, 1.56x on one; same ids) and 2.2-3.3x slower on the
   cross-attention at batch 1-4 (decoding 1.08-1.11x faster at batch 2-4). On CUDA: ``torch.autocast`` over the
-  model itself.
+  model itself (:func:`run_context`).
 - ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR and every matrix of FDG's
   decoding step (the vocabulary projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's
   x86 kernel: int8 weights with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
@@ -48,7 +56,8 @@ the cross-attention keys / values in int8, read in bf16: 5.9-12.4%, +1.0 +- 1.3;
 where fp32's choice led its runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8;
 tools/precision_margins.py): the rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no
 caption. Since every matrix under 8,192 entries stays fp32 (all of MIR's and FDG's at that width; session 34), int8
-changes 2.0-2.9% of those captions (the static grid's doing), CIDEr-D -0.1 +- 1.2.
+changes 2.0-2.9% of those captions (the static grid's doing), CIDEr-D -0.1 +- 1.2; since bf16 keeps its small parts
+in fp32 (there MIR and FDG; session 35), bf16 changes 0.1-1.1%, CIDEr-D -0.06 +- 0.16.
 
 A pair's fp32 caption does not depend on the batch it is captioned in (its logits move by float rounding only); its
 bf16 and int8 captions may: the decoding step's one-query attention switches kernels at 8 rows, int8's cross-attention

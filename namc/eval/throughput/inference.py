@@ -200,7 +200,7 @@ def _decoders(
 
 
 def _within(ctx: Callable[[], contextlib.AbstractContextManager], call: Call) -> Call:
-    """``call`` run inside a fresh ``ctx()`` (the precision's autocast) each time."""
+    """``call`` run inside a fresh ``ctx()`` (the precision's autocast on CUDA) each time."""
 
     def run() -> torch.Tensor:
         with ctx():
