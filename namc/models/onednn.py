@@ -253,7 +253,8 @@ def bf16_worthwhile(weight: torch.Tensor) -> bool:
     of 300 calls, fp32 / bf16 us at 1 / 8 / 32 / 100 rows: 128 x 128 6/24, 9/24, 17/28, 39/40; 512 x 128 10/26,
     24/30, 54/45, 209/88; 256 x 256 16/36, 30/40, 64/57, 174/99; 768 x 256 35/40, 62/52, 194/100, 391/233; 384 x 384
     29/46, 66/51, 169/87, 370/287; 1536 x 384 61/48, 246/77, 515/251, 1370/716. So from about 2^17 entries bf16 wins
-    from 8 rows on and loses little at one.
+    from 8 rows on; at one row it loses up to 17 us a call below about 2^19 entries (namc_base's smallest decoding
+    matrix has 589,824).
     """
     return weight.numel() >= BF16_MIN_WEIGHT
 
