@@ -31,6 +31,7 @@ from namc.models.precision import (
     check_precision,
     inference_copy,
     int8_grid,
+    part_precisions,
 )
 from namc.models.qconv import QuantStem
 from namc.models.qlinear import KERNELS_ENV, DynamicLinear, int8_kernels
@@ -234,6 +235,9 @@ def test_bf16_keeps_small_parts_in_fp32(dim, monkeypatch, one_thread):
     model.fdg.eos_id = -1  # full-length captions
     twin = inference_copy(model, "bf16")
     mir_bf16 = dim >= 128  # largest MIR matrix 65,536 entries >= 2^15; FDG's 65,536 < 2^17
+    grid = "bf16" if onednn.conv_available() else "fp32"
+    want = {"grid": grid, "mir": "bf16" if mir_bf16 else "fp32", "decoder": "fp32", "vocabulary": "fp32"}
+    assert part_precisions(model, "bf16") == want
     assert {p.dtype for p in twin.mir.parameters()} == {torch.bfloat16 if mir_bf16 else torch.float32}
     assert {p.dtype for p in twin.fdg.parameters()} == {torch.float32}
     assert not any(onednn.is_packed(w[0]) for s in twin.fdg._packed_step for w in map(s.__getattribute__, s.NAMES))
@@ -253,6 +257,7 @@ def test_bf16_keeps_small_parts_in_fp32(dim, monkeypatch, one_thread):
     monkeypatch.setattr(onednn, "BF16_MIN_WEIGHT", 4 * dim * dim)
     mixed = inference_copy(model, "bf16")
     assert mixed is not twin and mixed.fdg.tok.weight.dtype == torch.float32
+    assert part_precisions(model, "bf16") == want | {"decoder": "bf16"}
     step = mixed.fdg._packed_step[0]
     assert onednn.is_packed(step.qkv[0]) == onednn.linear_available() and not onednn.is_packed(step.vocab[0])
     with torch.inference_mode():

@@ -38,7 +38,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 7
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 8
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -281,6 +281,9 @@ def test_low_precision_run(tmp_path, precision, grid):
     assert tp.validate_report(report) == []
     assert report["settings"]["precision"] == precision
     assert report["model"]["grid_precision"] == grid
+    decoder = {"bf16": "fp32", "int8": "int8"}[precision]  # namc_tiny's 128 x 512 layers: under bf16's 2^17 entries
+    assert report["model"]["part_precisions"] == {"grid": grid, "mir": precision, "decoder": decoder,
+                                                  "vocabulary": decoder}  # fmt: skip
     assert report["matmul"]["dtype"] == {"bf16": "bfloat16", "int8": "int8"}[precision]
     assert report["machine"]["int8_kernels"] == int8_kernels()  # the kernels its int8 layers ran on
     assert all(e["tokens_per_call"] == 10 for e in report["inference"])

@@ -95,6 +95,7 @@ __all__ = [
     "int8_calibration",
     "int8_grid",
     "load_int8_calibration",
+    "part_precisions",
     "precision_context",
     "run_context",
     "save_int8_calibration",
@@ -287,6 +288,40 @@ class CastLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+
+PARTS = ("grid", "mir", "decoder", "vocabulary")  # what part_precisions reports on
+
+
+def part_precisions(model: nn.Module, precision: str) -> dict[str, str]:
+    """What each part of ``model``'s ``precision`` copy on a CPU runs in, ``fp32``, ``bf16`` or ``int8``: the
+    ``grid``, ``mir``, the ``decoder``'s layers (their largest matrices) and its ``vocabulary`` projection. A part the
+    copy keeps in fp32 says so: a bf16 or int8 copy leaves a narrow model's small matrices in fp32, int8 an
+    uncalibrated grid, bf16 a grid that oneDNN's fused convolutions cannot run."""
+    if precision == "fp32":
+        return dict.fromkeys(PARTS, "fp32")
+    twin = inference_copy(model, precision)
+    if precision == "int8":
+        grid = int8_grid(model)
+    else:
+        conv = next(m for m in twin.grid.backbone.modules() if isinstance(m, (nn.Conv2d, onednn.FusedConv)))
+        grid = _name(conv.dtype if isinstance(conv, onednn.FusedConv) else conv.weight.dtype)
+    int8_mir = any(isinstance(m, qlinear.DynamicLinear) for m in twin.mir.modules())
+    step = twin.fdg.step_weights()[0]
+    return {
+        "grid": grid,
+        "mir": "int8" if int8_mir else _name(twin.mir.pos.dtype),
+        "decoder": _matrix(step.ffn_in[0]),
+        "vocabulary": _matrix(step.vocab[0]),
+    }
+
+
+def _matrix(weight: torch.Tensor | nn.Module) -> str:
+    return "int8" if isinstance(weight, nn.Module) else _name(weight.dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
 
 
 def run_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -35,6 +35,7 @@ from namc.models.precision import (
     inference_copy,
     int8_calibration,
     int8_grid,
+    part_precisions,
     set_int8_calibration,
 )
 from namc.models.qlinear import int8_kernels
@@ -114,6 +115,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         size = model.config.image_size
         calibrate_int8(model, [torch.rand(8, 3, size, size, generator=gen).to(device) for _ in range(2)])
     runner = inference_copy(model, settings.precision)  # the model itself in fp32
+    parts = part_precisions(model, settings.precision)  # fp32 on CUDA, whose half precision is settings.dtype
     if settings.compile:
         runner.fdg.compile_step()
     peer, peer_entry = None, None
@@ -144,7 +146,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         | {"batch_sizes": list(settings.batch_sizes), "modes": list(settings.modes)},
         "machine": machine,
         "model": _model_entry(model, source, params)
-        | {"grid_precision": _grid_precision(model, settings), "shortlist": _shortlist_entry(short, settings)},
+        | {"grid_precision": parts["grid"], "part_precisions": parts, "shortlist": _shortlist_entry(short, settings)},
         "matmul": matmul,
         "inference": inference,
         "reference": reference,
@@ -185,11 +187,6 @@ def _settle_matmul(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any
     efficiency errs low, never high); both are kept in ``runs``."""
     best = max((first, last), key=lambda m: m["flops_per_s"])
     return best | {"runs": [first["flops_per_s"], last["flops_per_s"]]}
-
-
-def _grid_precision(model: NAMC, settings: BenchmarkSettings) -> str:
-    """What the timed grid ran in: the precision, except ``int8``, whose grid is static int8 only once calibrated."""
-    return int8_grid(model) if settings.precision == "int8" else settings.precision
 
 
 def _paper_style(model: NAMC, params: dict[str, int]) -> dict[str, int]:

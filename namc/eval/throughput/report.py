@@ -90,6 +90,13 @@ def _shortlist(entry: dict[str, Any] | None) -> str:
     return "off" if entry is None else f"{entry['size']} ({entry['source']})"
 
 
+def _parts(model: dict[str, Any], precision: str) -> str:
+    """What the parts ran in: ``grid bf16, MIR fp32, ...`` (reports before schema 8 name the grid only)."""
+    parts = model.get("part_precisions") or {"grid": model.get("grid_precision", precision)}
+    names = {"grid": "grid", "mir": "MIR", "decoder": "decoder", "vocabulary": "vocabulary"}
+    return ", ".join(f"{names[part]} {kind}" for part, kind in parts.items())
+
+
 def _mib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.0f}"
 
@@ -104,7 +111,7 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
     backs = ", ".join(f"{k} {v['median'] / 1e9:.1f}" for k, v in mm["backends"].items())
     return [
         f"namc benchmark  model={mdl['name']} ({mdl['source']})  device={m['device']}  dtype={s['dtype']}  "
-        f"precision={s['precision']} (grid {mdl.get('grid_precision', s['precision'])})  compile={s['compile']}  "
+        f"precision={s['precision']} ({_parts(mdl, s['precision'])})  compile={s['compile']}  "
         f"static_decode={s['static_decode']}  shortlist={_shortlist(mdl['shortlist'])}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
         f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch_version']}"

@@ -88,7 +88,9 @@ precision)` (BatchNorm folded; bf16 weights, or dynamic int8 linear layers), the
 and `matmul` is measured in that precision (`int8`: the dynamic int8 linear layer), so `flops.efficiency` compares
 with the GEMM rate of the precision the decoder runs in. With `int8` and `int8_grid` `static` (the default) the grid's
 ResNet blocks run in static int8 (`namc.models.precision.calibrate_int8`, calibrated on 16 synthetic images of the
-run's seed: scales change no timing); `model.grid_precision` says what the grid ran in.
+run's seed: scales change no timing). `model.part_precisions` says what each part ran in: a bf16 or int8 copy keeps
+a narrow model's small matrices in fp32 (namc_base runs every part in the precision), where `flops.efficiency` still
+compares with the precision's GEMM rate.
 
 **Repeats.** Each measurement is `warmup` untimed calls followed by `repeats` timed calls (on CUDA with
 `torch.cuda.synchronize()` around each), summarised by a [stats](#stats) object; its peak memory is measured over
