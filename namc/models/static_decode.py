@@ -199,7 +199,7 @@ class StaticDecoder:
         run on it); the CUDA graph where one is captured."""
         fdg, L = self.fdg, self.max_new_tokens
         B, _, D = memory.shape
-        device = memory.device
+        device, dtype = memory.device, fdg.cache_dtype(memory, self._weights)
         position = torch.zeros(1, dtype=torch.long, device=device)
         s = _State(
             position=position,
@@ -208,7 +208,7 @@ class StaticDecoder:
             finished=torch.empty(B, dtype=torch.bool, device=device),
             eos=torch.empty((), dtype=torch.long, device=device),
             out=torch.empty(B, L, dtype=torch.long, device=device),
-            caches=[StaticKVCache(B, fdg.heads, L, D // fdg.heads, position, memory.dtype) for _ in fdg.blocks],
+            caches=[StaticKVCache(B, fdg.heads, L, D // fdg.heads, position, dtype) for _ in fdg.blocks],
             cross_kv=[(k.clone(), v.clone()) for k, v in cross_kv],
             memory_mask=None if memory_mask is None else memory_mask.clone(),
         )
