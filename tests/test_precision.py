@@ -344,7 +344,7 @@ def test_fused_conv_lays_out_its_weights_per_input_shape():
 )
 def test_first_bf16_call_builds_the_fused_copy(monkeypatch):
     """The oneDNN probes answer the same under autocast: ``generate(precision="bf16")`` as a process's first
-    low-precision call (probes not yet run, autocast about to be entered) gets the fused grid and the prepacked
+    low-precision call (probes not yet run, perhaps under a caller's autocast) gets the fused grid and the prepacked
     decoding step. (The probes once ran under the call's autocast, compared a bf16 reference with the fp32 kernel,
     and turned both paths off for the process.)"""
     monkeypatch.setattr(onednn, "_CONV_OK", None)
@@ -360,6 +360,22 @@ def test_first_bf16_call_builds_the_fused_copy(monkeypatch):
     twin = inference_copy(model, "bf16")
     assert any(isinstance(m, onednn.FusedBlock) for m in twin.grid.modules())
     assert twin.fdg._packed_step[0].vocab[0].is_mkldnn
+
+
+def test_bf16_without_onednn(trained, monkeypatch):
+    """A torch build without oneDNN's kernels: the bf16 copy keeps the grid in fp32 (bf16 convolutions pay only
+    through the fused kernels) and decodes with plain bf16 matrices, each part casting what it takes."""
+    monkeypatch.setattr(onednn, "_CONV_OK", False)
+    monkeypatch.setattr(onednn, "_LINEAR_OK", False)
+    model, images_1, images_2 = trained
+    model = copy.deepcopy(model)  # its own copy, built without the kernels
+    assert part_precisions(model, "bf16") == {"grid": "fp32", "mir": "bf16", "decoder": "bf16", "vocabulary": "bf16"}
+    twin = inference_copy(model, "bf16")
+    assert not any(isinstance(m, onednn.FusedConv) for m in twin.grid.modules())
+    assert not onednn.is_packed(twin.fdg.step_weights()[0].vocab[0])
+    fp32 = model.generate(images_1, images_2)
+    same = [a == b for a, b in zip(fp32, model.generate(images_1, images_2, precision="bf16"))]
+    assert all(same[:PAIRS]) and sum(same) / len(same) >= MIN_IDENTICAL
 
 
 def test_fuse_onednn_needs_a_folded_grid():
