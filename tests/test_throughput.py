@@ -280,7 +280,6 @@ def test_low_precision_run(tmp_path, precision, grid):
     report = json.loads(out.read_text())
     assert tp.validate_report(report) == []
     assert report["settings"]["precision"] == precision
-    assert report["model"]["grid_precision"] == grid
     decoder = {"bf16": "fp32", "int8": "int8"}[precision]  # namc_tiny's 128 x 512 layers: under bf16's 2^17 entries
     assert report["model"]["part_precisions"] == {"grid": grid, "mir": precision, "decoder": decoder,
                                                   "vocabulary": decoder}  # fmt: skip
@@ -300,7 +299,7 @@ def test_int8_grid_of_a_calibrated_model(tmp_path):
         out = tmp_path / f"{grid}.json"
         argv = ["--model", str(tmp_path / "tiny"), "--batch-sizes", "2", "--modes", "decode", "--reference", "none"]
         assert tp.main([*argv, "--precision", "int8", "--int8-grid", grid, "--output", str(out), *QUICK]) == 0
-        assert json.loads(out.read_text())["model"]["grid_precision"] == want
+        assert json.loads(out.read_text())["model"]["part_precisions"]["grid"] == want
     plain = namc.create_model("namc_tiny", pretraining=False)
     for m, before in ((model, peaks), (plain, None)):
         for grid in ("static", "fp32"):

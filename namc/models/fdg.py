@@ -30,7 +30,7 @@ from torch import nn
 from namc import ops
 from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
-from namc.models.layers import Block, KVCache, LayerNorm, attend_step
+from namc.models.layers import Block, KVCache, LayerNorm, attend_step, cache_dtype
 from namc.models.layers import StepWeights as _StepWeights
 from namc.models.qlinear import int8_linear, int8_worthwhile
 from namc.models.shortlist import Shortlist, greedy_ids
@@ -186,7 +186,7 @@ class FDG(nn.Module):
             raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
         B, _, D = memory.shape
         fused = None if self.training else self.step_weights()
-        dtype = self.cache_dtype(memory, fused)
+        dtype = cache_dtype(memory, fused)
         caches = [
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, dtype) for _ in self.blocks
         ]
@@ -196,14 +196,6 @@ class FDG(nn.Module):
         if fused is not None and shortlist is not None:
             fused = self.shortlisted(fused, shortlist)
         return caches, self.cross_kv(memory), fused
-
-    @staticmethod
-    def cache_dtype(memory: torch.Tensor, fused: list[_StepWeights] | None) -> torch.dtype:
-        """The dtype of the self-attention keys / values a step with ``fused`` weights writes: on a CPU its matrices'
-        (a bf16 copy's decoder may be fp32 behind a bf16 MIR, or the reverse), else the memory's."""
-        if fused is not None and memory.device.type == "cpu" and isinstance(fused[0].qkv[0], torch.Tensor):
-            return fused[0].qkv[0].dtype
-        return memory.dtype
 
     def shortlisted(self, fused: list[_StepWeights], shortlist: Shortlist) -> list[_StepWeights]:
         """``fused`` with the vocabulary projection onto ``shortlist``'s rows (:mod:`namc.models.shortlist`)."""

@@ -356,3 +356,11 @@ class StepWeights:
             return (weight.detach(), None if bias is None else bias.detach())
         bias = None if bias is None else bias.detach().to(torch.bfloat16)
         return (onednn.pack_linear(weight.detach()), bias)
+
+
+def cache_dtype(memory: torch.Tensor, fused: list[StepWeights] | None) -> torch.dtype:
+    """The dtype of the self-attention keys / values an eval step with ``fused`` weights writes: on a CPU its
+    matrices' (a bf16 copy's decoder may be fp32 behind a bf16 MIR), else the memory's."""
+    if fused is not None and memory.device.type == "cpu" and isinstance(fused[0].qkv[0], torch.Tensor):
+        return fused[0].qkv[0].dtype
+    return memory.dtype

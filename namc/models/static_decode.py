@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from namc import ops
 from namc.models.fdg import FDG
-from namc.models.layers import KVCache
+from namc.models.layers import KVCache, cache_dtype
 from namc.models.precision import _fingerprint
 from namc.models.shortlist import Shortlist, greedy_ids
 
@@ -199,7 +199,7 @@ class StaticDecoder:
         run on it); the CUDA graph where one is captured."""
         fdg, L = self.fdg, self.max_new_tokens
         B, _, D = memory.shape
-        device, dtype = memory.device, fdg.cache_dtype(memory, self._weights)
+        device, dtype = memory.device, cache_dtype(memory, self._weights)
         position = torch.zeros(1, dtype=torch.long, device=device)
         s = _State(
             position=position,

@@ -146,7 +146,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         | {"batch_sizes": list(settings.batch_sizes), "modes": list(settings.modes)},
         "machine": machine,
         "model": _model_entry(model, source, params)
-        | {"grid_precision": parts["grid"], "part_precisions": parts, "shortlist": _shortlist_entry(short, settings)},
+        | {"part_precisions": parts, "shortlist": _shortlist_entry(short, settings)},
         "matmul": matmul,
         "inference": inference,
         "reference": reference,

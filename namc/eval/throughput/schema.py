@@ -32,7 +32,7 @@ SCHEMA_VERSION = 8  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; 
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
 # settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
 # 7: required peer.linear_maps (the peer converted as namc: reports of 6 and before timed a less converted peer)
-# 8: required model.part_precisions (a bf16 copy keeps a narrow model's small parts in fp32 since then)
+# 8: required model.part_precisions in place of model.grid_precision (a bf16 copy keeps small parts in fp32)
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -209,18 +209,10 @@ _MODEL = {
     "fdg_layers": _field("integer", "decoder (FDG) layers"),
     "vocab_size": _field("integer", "V"),
     "memory_positions": _field("integer", "N, grid positions per image (196 at 224 px)"),
-    "grid_precision": _enum(
-        ["fp32", "bf16", "int8"], "what the grid ran in (`int8` precision: static int8 once calibrated, else fp32)"
-    ),
     "part_precisions": _object(
-        {
-            "grid": _enum(PRECISIONS, "the ResNet grid"),
-            "mir": _enum(PRECISIONS, "MIR"),
-            "decoder": _enum(PRECISIONS, "FDG's layers (their largest matrices)"),
-            "vocabulary": _enum(PRECISIONS, "FDG's vocabulary projection"),
-        },
-        "what each part ran in (`namc.models.precision.part_precisions`): a bf16 or int8 copy keeps the parts where "
-        "the low precision is no faster (a narrow model's small matrices) in fp32",
+        {part: _enum(PRECISIONS, f"what {part} ran in") for part in ("grid", "mir", "decoder", "vocabulary")},
+        "`namc.models.precision.part_precisions`: `decoder` FDG's largest layer matrices, `vocabulary` its projection; "
+        "a bf16 or int8 copy keeps a narrow model's small matrices in fp32, int8 an uncalibrated grid",
     ),
     "shortlist": _object(
         {
