@@ -315,7 +315,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     x = x.to(weight.dtype)  # a bf16 copy mixes bf16 and fp32 matrices (bf16_worthwhile) and runs without autocast
     if (
         weight.numel() >= MIN_WEIGHT
-        and x.dtype == weight.dtype == torch.float32
+        and weight.dtype == torch.float32
         and torch.backends.mkldnn.enabled
         and not torch.compiler.is_compiling()  # the private op needs constant weights in a graph: let inductor pick
         and linear_available()

@@ -93,8 +93,7 @@ def _shortlist(entry: dict[str, Any] | None) -> str:
 def _parts(model: dict[str, Any], precision: str) -> str:
     """What the parts ran in: ``grid bf16, MIR fp32, ...`` (reports before schema 8 name the grid only)."""
     parts = model.get("part_precisions") or {"grid": model.get("grid_precision", precision)}
-    names = {"grid": "grid", "mir": "MIR", "decoder": "decoder", "vocabulary": "vocabulary"}
-    return ", ".join(f"{names[part]} {kind}" for part, kind in parts.items())
+    return ", ".join(f"{'MIR' if part == 'mir' else part} {kind}" for part, kind in parts.items())
 
 
 def _mib(n: int | None) -> str:
