@@ -183,9 +183,10 @@ def test_int8_copy_packs_every_step_matrix(trained):
     assert any(isinstance(m, DynamicLinear) for m in twin.mir.modules())
     for block in twin.fdg.blocks:  # the once-per-generation cross-attention keys / values too
         assert isinstance(block.cross_attn.kv, DynamicLinear)
-    if onednn.bf16_native():  # the keys / values it writes are read in bf16 from 16 rows up
-        for rows, dtype in ((16, torch.bfloat16), (8, torch.float32)):
-            _, cross_kv, _ = twin.fdg._start(torch.randn(rows, 64, twin.config.dim), 8)
+    if onednn.bf16_native():  # the keys / values it writes are read in bf16 from a memory of 2^20 elements up
+        rows = fdg_module.CROSS_KV_BF16_MIN // (64 * twin.config.dim)
+        for batch, dtype in ((rows, torch.bfloat16), (rows - 1, torch.float32)):
+            _, cross_kv, _ = twin.fdg._start(torch.randn(batch, 64, twin.config.dim), 8)
             assert all(t.dtype == dtype and t.is_contiguous() for kv in cross_kv for t in kv)
 
 

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import namc
+from namc.models import fdg as fdg_module
+from namc.models import onednn
 from namc.models.fdg import FDG, FDGConfig
 from namc.models.precision import inference_copy
 from namc.models.static_decode import StaticDecoder, StaticKVCache
@@ -116,15 +118,19 @@ def test_rebuilt_after_the_weights_change():
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 @pytest.mark.parametrize("batch", [2, 32])
-def test_precision_copies(precision, batch):
-    """The copies' own matrices (prepacked bf16, dynamic int8) and, from 16 rows up, the int8 copy's bf16 cross
-    keys / values read by two batched products; [EOS] out of reach, so FDG.generate keeps every row too."""
+def test_precision_copies(precision, batch, monkeypatch):
+    """The copies' own matrices (prepacked bf16, dynamic int8) and, at batch 32 (the threshold lowered to its
+    memory), the int8 copy's bf16 cross keys / values read by two batched products; [EOS] out of reach, so
+    FDG.generate keeps every row too."""
+    monkeypatch.setattr(fdg_module, "CROSS_KV_BF16_MIN", 32 * 64 * 128)
     torch.manual_seed(5)
     model = namc.create_model("namc_tiny", pretraining=False, dropout=0.0).eval()
     copy = inference_copy(model, precision)
     copy.fdg.eos_id = -1
     memory = torch.randn(batch, model.grid_size**2, model.config.dim)
     with torch.inference_mode():
+        if precision == "int8" and onednn.bf16_native():
+            assert copy.fdg.cross_kv(memory)[0][0].dtype == (torch.bfloat16 if batch == 32 else torch.float32)
         assert torch.equal(StaticDecoder(copy.fdg, 12)(memory), copy.fdg.generate(memory, 12))
         if precision == "bf16":  # the copy's MIR writes bf16 memory; namc_tiny's decoder layers stay fp32 (2^17)
             memory = copy.mir.interact(memory.bfloat16(), memory.bfloat16())

@@ -67,8 +67,9 @@ class FDGConfig:
     tie_embeddings: bool = True
 
 
-# an int8 copy keeps the cross-attention keys / values in bf16 from this many rows up (cross_kv, pack_step)
-CROSS_KV_BF16_ROWS = 16
+# an int8 copy keeps a generation's cross-attention keys / values in bf16 from a (B, N, D) memory of this many
+# elements up, 4 MB of fp32 keys a layer (cross_kv, pack_step)
+CROSS_KV_BF16_MIN = 2**20
 
 
 class FDG(nn.Module):
@@ -209,9 +210,9 @@ class FDG(nn.Module):
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's cross-attention keys and values of (B, N, D) ``memory``, 2 x (B, H, N, E), contiguous: once
-        per generation. An int8 copy keeps them in bf16 from 16 rows up (below, fp32's fused SDPA kernel is as
-        fast; :meth:`pack_step`)."""
-        big = not self.training and memory.shape[0] >= CROSS_KV_BF16_ROWS
+        per generation. An int8 copy keeps them in bf16 from ``CROSS_KV_BF16_MIN`` elements of memory up (below,
+        fp32's fused SDPA kernel is as fast or faster; :meth:`pack_step`)."""
+        big = not self.training and memory.numel() >= CROSS_KV_BF16_MIN
         kv_dtype = getattr(self, "_cross_kv_dtype", None) if big else None
         return [
             tuple(
@@ -244,11 +245,12 @@ class FDG(nn.Module):
         The prefill (cross-attention keys/values of the memory, once per generation) stays in the weights' dtype in
         bf16 and becomes a dynamic int8 layer in int8: in fp32 it took 28% of namc_base's int8 decoding at batch 32
         (two AMD EPYC threads; 15% in bf16). In int8, where the CPU has native bf16 (oneDNN's check), the
-        keys/values it writes are kept in bf16 from 16 rows up, and each step's cross-attention reads them in bf16
-        as two batched products (:func:`~namc.models.layers.attend_one`): with fp32 keys/values the one-query
-        attention over namc_base's 196 memory positions was 23% of int8 decoding at batch 32, bound by reading
-        38.5 MB of keys/values per layer and step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32,
-        1.19x at 64, 1.04x at 16, none at 8.
+        keys/values it writes are kept in bf16 from a memory of ``CROSS_KV_BF16_MIN`` elements up (namc_base's
+        from 7 pairs), and each step's cross-attention reads them in bf16 as two batched products
+        (:func:`~namc.models.layers.attend_one`): with fp32 keys/values the one-query attention over namc_base's 196
+        memory positions was 23% of int8 decoding at batch 32, bound by reading 38.5 MB of keys/values per layer and
+        step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32, 1.19x at 64; below 2^20 elements
+        (fewer pairs, or a narrow model's memory: widths 32-512) 0.79-1.03x, so fp32 there.
         """
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")

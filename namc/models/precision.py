@@ -31,8 +31,8 @@
   x86 kernel: int8 weights with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
   :mod:`namc.models.qlinear`), but for matrices under ``qlinear.INT8_MIN_WEIGHT`` (8,192) entries, which stay fp32
   (int8 is no faster there: a narrow model's); attention stays fp32 but for
-  the decoder's cross-attention from 16 rows up, which reads its keys / values in bf16 (:meth:`FDG.pack_step
-  <namc.models.fdg.FDG.pack_step>`; namc_base decoding 1.08-1.11x faster at batch 32, 1.19x at 64). The
+  the decoder's cross-attention over a memory of 2^20 elements or more, which reads its keys / values in bf16
+  (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`; namc_base decoding 1.08-1.11x faster at batch 32). The
   vocabulary projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or,
   once :func:`calibrate_int8` has seen images, its stem and ResNet blocks in static int8 (:mod:`namc.models.qconv`: the
   oneDNN kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales
