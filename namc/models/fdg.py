@@ -249,8 +249,8 @@ class FDG(nn.Module):
         from 7 pairs), and each step's cross-attention reads them in bf16 as two batched products
         (:func:`~namc.models.layers.attend_one`): with fp32 keys/values the one-query attention over namc_base's 196
         memory positions was 23% of int8 decoding at batch 32, bound by reading 38.5 MB of keys/values per layer and
-        step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32, 1.19x at 64; below 2^20 elements
-        (fewer pairs, or a narrow model's memory: widths 32-512) 0.79-1.03x, so fp32 there.
+        step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32, 1.19x at 64; over memories of
+        widths 32-768, 1.00-1.26x from 2^20 elements and 0.70-1.12x (median 0.93x) below, so fp32 there.
         """
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
