@@ -122,12 +122,12 @@ def test_precision_copies(precision, batch, monkeypatch):
     """The copies' own matrices (prepacked bf16, dynamic int8) and, at batch 32 (the threshold lowered to its
     memory), the int8 copy's bf16 cross keys / values read by two batched products; [EOS] out of reach, so
     FDG.generate keeps every row too."""
-    monkeypatch.setattr(fdg_module, "CROSS_KV_BF16_MIN", 32 * 64 * 128)
     torch.manual_seed(5)
     model = namc.create_model("namc_tiny", pretraining=False, dropout=0.0).eval()
     copy = inference_copy(model, precision)
     copy.fdg.eos_id = -1
     memory = torch.randn(batch, model.grid_size**2, model.config.dim)
+    monkeypatch.setattr(fdg_module, "CROSS_KV_BF16_MIN", 32 * memory[0].numel())
     with torch.inference_mode():
         if precision == "int8" and onednn.bf16_native():
             assert copy.fdg.cross_kv(memory)[0][0].dtype == (torch.bfloat16 if batch == 32 else torch.float32)
