@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from namc.models import qlinear
-from namc.models.compiled_step import CompiledStep, FrozenStep
+from namc.models.compiled_step import CompiledStep, FrozenStep, int8_layers
 from namc.models.fdg import FDG, FDGConfig, _StepWeights
 
 
@@ -35,23 +35,32 @@ def test_frozen_step_runs_the_eager_step_on_the_same_weights():
         tokens = expected.argmax(-1)
 
 
-def test_frozen_step_holds_an_int8_copys_packed_layers(monkeypatch: pytest.MonkeyPatch):
-    """The int8 layers themselves, and the matrices an int8 copy keeps in fp32 (under ``INT8_MIN_WEIGHT`` entries;
-    2048 here, so that this width-32 step has both: q/k/v 3072 and the FFN's 4096 int8, the rest fp32)."""
+def test_an_int8_step_does_not_compile(monkeypatch: pytest.MonkeyPatch):
+    """An int8 copy's step is refused with what to do, when compiling is asked for and when the step became int8
+    after it (nothing is compiled: the refusal comes first); an int8 copy whose matrices all stay fp32 (under
+    ``INT8_MIN_WEIGHT``) compiles as fp32 does. 2048 entries here, so that this width-32 step has both kinds: q/k/v
+    (3072) and the FFN's two (4096) int8, the rest fp32."""
     monkeypatch.setattr(qlinear, "INT8_MIN_WEIGHT", 2048)
     fdg = _fdg()
+    large = {id(m) for w in fdg.step_weights() for n in _StepWeights.NAMES if (m := getattr(w, n)[0]).numel() >= 2048}
     fdg.pack_step("int8")
-    frozen = FrozenStep(fdg, fdg.step_weights())
-    kinds = set()
-    for mine, packed in zip(frozen.step_weights(), fdg._packed_step):
-        for name in _StepWeights.NAMES:
-            held, layer = getattr(mine, name), getattr(packed, name)
-            if isinstance(layer[0], torch.nn.Module):
-                assert held[0] is layer[0]
-            else:
-                assert all(a is b is None or torch.equal(a, b) for a, b in zip(held, layer))
-            kinds.add(type(layer[0]).__name__)
-    assert kinds == {"DynamicLinear", "Tensor"}
+    assert int8_layers(fdg.step_weights()) == len(large) == 6
+    with pytest.raises(ValueError, match="int8 copy's decoding step does not compile: .* its 6 int8 layers"):
+        fdg.compile_step()
+    assert "_compiled_step" not in fdg.__dict__
+
+    late = _fdg()
+    late.compile_step()
+    late.pack_step("int8")
+    with pytest.raises(ValueError, match="eagerly"):
+        late.generate(torch.randn(2, 5, 32), 3)
+
+    monkeypatch.setattr(qlinear, "INT8_MIN_WEIGHT", 1 << 30)
+    small = _fdg()
+    small.pack_step("int8")
+    assert int8_layers(small.step_weights()) == 0
+    small.compile_step()
+    assert isinstance(small.__dict__["_compiled_step"], CompiledStep)
 
 
 def test_frozen_step_is_compiled_again_only_after_its_weights_change():

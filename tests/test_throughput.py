@@ -465,8 +465,8 @@ def test_shortlist_of_the_model(tmp_path, capsys):
 
 
 def test_bad_model_or_settings_is_one_line(tmp_path, capsys, monkeypatch):
-    """What cannot run (no such model, a damaged folder, settings that contradict, int8 kernels that do not exist)
-    exits 2 with one line."""
+    """What cannot run (no such model, a damaged folder, settings that contradict, an int8 step to compile, int8
+    kernels that do not exist) exits 2 with one line."""
     model = namc.create_model("namc_tiny", pretraining=False)
     model.save_pretrained(tmp_path / "tiny")
     weights = tmp_path / "tiny" / "model.safetensors"
@@ -476,6 +476,7 @@ def test_bad_model_or_settings_is_one_line(tmp_path, capsys, monkeypatch):
         (["--model", str(tmp_path / "tiny")], "model.safetensors"),
         (["--precision", "bf16", "--device", "cuda"], "CPU runs"),
         (["--batch-sizes", "0"], "positive"),
+        (["--model", "namc_tiny", "--precision", "int8", "--compile"], "--compile: an int8 copy's decoding step"),
     ):
         assert tp.main([*argv, *QUICK]) == 2
         err = capsys.readouterr().err

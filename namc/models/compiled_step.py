@@ -4,19 +4,26 @@ By default the step's weights are *frozen* into the compiled code: they are buff
 (:class:`FrozenStep`) compiled under inductor's ``freezing``, which treats a compiled module's parameters and buffers
 as constants. On a CPU inductor then lays every matrix out once for oneDNN and fuses each residual addition into its
 product; with the weights as inputs of the graph every product is a plain BLAS call, slower than eager decoding's
-oneDNN kernel from 8 rows up. namc_base's decoding, compiled against eager (23 tokens, two AMD EPYC threads, one
-process alternating the three, two runs; the same ids throughout; docs/throughput.md, session 24):
+oneDNN kernel from 8 rows up. namc_base's decoding, the frozen step compiled against eager (23 tokens, random weights,
+two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``, one process alternating; docs/throughput.md, sessions 24 and 37):
 
-==================  ===========  ===========  ===========  ===========  ===========  ===========
-compiled step       fp32, b 1    fp32, b 32   bf16, b 1    bf16, b 32   int8, b 1    int8, b 32
-==================  ===========  ===========  ===========  ===========  ===========  ===========
-weights frozen      1.38-1.52x   1.14-1.15x   0.97-1.02x   1.02-1.05x   0.72-0.79x   0.83-0.84x
-weights as inputs   1.01x        0.68-0.69x   1.00x        0.86-0.87x   0.85-0.91x   0.85x
-==================  ===========  ===========  ===========  ===========  ===========  ===========
+===================================  ===========  ===========  ===========  ===========  ===========  ===========
+compiled / eager                     fp32, b 1    fp32, b 8    fp32, b 32   bf16, b 1    bf16, b 8    bf16, b 32
+===================================  ===========  ===========  ===========  ===========  ===========  ===========
+session 37 (86db03a), two runs       0.84-0.88x   1.11-1.18x   1.13-1.18x   0.94-0.97x   0.93-0.96x   0.97-1.05x
+session 24 (3abe18f), two runs       1.38-1.52x                1.14-1.15x   0.97-1.02x                1.02-1.05x
+===================================  ===========  ===========  ===========  ===========  ===========  ===========
 
-Compiling is worth it in fp32 only. The compiler cannot trace int8's packed dynamic layers, so each one breaks the
-graph (made opaque ops instead, the whole graph decoded only 1.00-1.04x faster than eager; docs/throughput.md,
-session 25), and eager int8 stays the fastest decoding. Frozen weights are copies laid out at compile time
+fp32's ids are eager's to the bit; bf16's fused kernels round differently, and on random weights, whose runners-up
+are close, 1.6-12.5% of the tokens at batch 8 and 32 differed (none at batch 1). At batch 1 the compiler takes the
+batch size as a constant and inductor runs the matrices on MKL's packed GEMM, where eager runs oneDNN's kernel and,
+since session 32, its small products on one thread (a profile of one generation: 343 ms of MKL products against
+eager's 314 ms of products, and the compiled step's own calls and guards 40 ms): so compile pays in fp32 from a few
+rows up. An int8 copy's step is refused (``ValueError``): the compiler cannot trace its packed int8 layers, so each
+one broke the graph and the step ran 0.49-0.72x eager's speed at batch 1-32 (session 37; 0.72-0.84x in session 24),
+and on the plain kernels (:func:`namc.models.qlinear.int8_kernels`) it crashed in dynamo; made opaque ops, the whole
+graph decoded only 1.00-1.04x faster than eager (session 25). Eager int8 is the fastest decoding.
+Frozen weights are copies laid out at compile time
 (namc_base's fp32 step at batch 1 raised the process's peak memory by about 500 MB), so :class:`CompiledStep`
 fingerprints FDG's parameters before every generation and compiles again when one of them was replaced or changed in
 place (an optimiser step, ``load_state_dict``, ``.to()``) or :meth:`~namc.models.fdg.FDG.pack_step` ran again.
@@ -33,14 +40,25 @@ from torch import nn
 
 from namc.models.precision import _fingerprint
 
-__all__ = ["CompiledStep", "FrozenStep"]
+__all__ = ["CompiledStep", "FrozenStep", "int8_layers"]
+
+INT8_REFUSED = (
+    "an int8 copy's decoding step does not compile: torch.compile cannot trace its {n} int8 layers (each breaks the "
+    "graph, and the step compiled around them decodes slower than eager); decode it eagerly, its fastest form, or "
+    "compile an fp32 or bf16 copy"
+)
+
+
+def int8_layers(weights: list) -> int:
+    """How many of a decoding step's matrices (FDG's per-layer layout, shared ones once) are an int8 copy's packed
+    layers (:func:`namc.models.qlinear.int8_linear`)."""
+    return len({id(m) for w in weights for name in type(w).NAMES if isinstance(m := getattr(w, name)[0], nn.Module)})
 
 
 class FrozenStep(nn.Module):
     """FDG's eval step with its matrices (``weights``: per layer, as :meth:`FDG._start
-    <namc.models.fdg.FDG._start>` gives them to a compiled step) held as this module's buffers, an int8 copy's packed
-    layers as submodules, so that a compiled copy sees them as constants; FDG is a submodule for its embeddings,
-    positions and LayerNorms.
+    <namc.models.fdg.FDG._start>` gives them to a compiled step) held as this module's buffers, so that a compiled
+    copy sees them as constants; FDG is a submodule for its embeddings, positions and LayerNorms.
 
     Call it as FDG's step without the weights: ``(tokens, position, caches, cross_kv, memory_mask) -> logits``.
     """
@@ -51,24 +69,17 @@ class FrozenStep(nn.Module):
         self._layout = type(weights[0])  # fdg._StepWeights
         for i, w in enumerate(weights):
             for name in self._layout.NAMES:
-                entry, key = getattr(w, name), f"{name}_{i}"
-                if isinstance(entry[0], nn.Module):  # a packed int8 layer
-                    self.add_module(key, entry[0])
-                else:
-                    self.register_buffer(key, entry[0].detach(), persistent=False)
-                    bias = None if entry[1] is None else entry[1].detach()
-                    self.register_buffer(f"{key}_bias", bias, persistent=False)
+                weight, bias = getattr(w, name)
+                self.register_buffer(f"{name}_{i}", weight.detach(), persistent=False)
+                self.register_buffer(f"{name}_{i}_bias", None if bias is None else bias.detach(), persistent=False)
 
     def step_weights(self) -> list:
-        """The weights in FDG's per-layer layout, read from this module's buffers and submodules."""
-        out = []
-        for i in range(len(self.fdg.blocks)):
-            entries = {}
-            for name in self._layout.NAMES:
-                value = getattr(self, f"{name}_{i}")
-                entries[name] = (value,) if isinstance(value, nn.Module) else (value, getattr(self, f"{name}_{i}_bias"))
-            out.append(self._layout(**entries))
-        return out
+        """The weights in FDG's per-layer layout, read from this module's buffers."""
+        return [
+            self._layout(**{name: (getattr(self, f"{name}_{i}"), getattr(self, f"{name}_{i}_bias"))
+                            for name in self._layout.NAMES})
+            for i in range(len(self.fdg.blocks))
+        ]  # fmt: skip
 
     def forward(
         self,
@@ -86,6 +97,7 @@ class CompiledStep:
     eager step with the weights as inputs."""
 
     def __init__(self, fdg: nn.Module, freeze: bool = True, options: dict[str, Any] | None = None) -> None:
+        _refuse_int8(fdg.step_weights())
         self.fdg, self.freeze = fdg, freeze
         self.options = {"dynamic": True} | (options or {})
         self._compiled: Callable[..., torch.Tensor] | None = None
@@ -95,7 +107,9 @@ class CompiledStep:
         """The step for the next generation, with FDG's step signature ``(tokens, position, caches, cross_kv,
         memory_mask, fused) -> logits``; ``fused``: the generation's step weights, which a frozen step holds (and
         then ignores in its calls), compiled again when they went stale. Compilation itself happens at the first
-        call (5-15 s on a CPU)."""
+        call (5-15 s on a CPU). An int8 copy's step (``pack_step("int8")`` after :meth:`FDG.compile_step
+        <namc.models.fdg.FDG.compile_step>`) raises ``ValueError``, as ``compile_step`` does on one."""
+        _refuse_int8(fused)
         if not self.freeze:
             if self._compiled is None:
                 self._compiled = torch.compile(self.fdg._fused_step, **self.options)
@@ -111,3 +125,8 @@ class CompiledStep:
         # freezing is read when inductor compiles, which happens lazily in any call (a recompilation too)
         with inductor_config.patch(freezing=True):
             return self._compiled(tokens, position, caches, cross_kv, memory_mask)
+
+
+def _refuse_int8(weights: list) -> None:
+    if n := int8_layers(weights):
+        raise ValueError(INT8_REFUSED.format(n=n))

@@ -275,9 +275,9 @@ class FDG(nn.Module):
         self._packed_step = packed
 
     def compile_step(self, freeze: bool = True, **options) -> None:
-        """``torch.compile(**options)`` of the eval-mode greedy step (``dynamic=True`` by default); ``freeze``: the
-        step's weights as constants of the compiled code, compiled again after they change (speed-ups in
-        :mod:`namc.models.compiled_step`). Generations that compile (the first ones, after a change) are slow."""
+        """``torch.compile(**options)`` of the eval-mode greedy step (``dynamic=True`` by default) of fp32 or bf16
+        weights (an int8 copy's raises ``ValueError``); ``freeze``: the weights as constants of the compiled code,
+        compiled again after they change (:mod:`namc.models.compiled_step`). Generations that compile are slow."""
         self._compiled_step = CompiledStep(self, freeze, options)
 
     def uncompile_step(self) -> None:

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")
     p.add_argument(
         "--compile", action="store_true",
-        help="torch.compile the decoding step, its weights frozen into the compiled code (FDG.compile_step)",
+        help="torch.compile the fp32 or bf16 decoding step, its weights frozen in the compiled code (FDG.compile_step)",
     )  # fmt: skip
     p.add_argument(
         "--static-decode", action="store_true",

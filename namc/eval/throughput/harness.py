@@ -117,7 +117,10 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     runner = inference_copy(model, settings.precision)  # the model itself in fp32
     parts = part_precisions(model, settings.precision)  # fp32 on CUDA, whose half precision is settings.dtype
     if settings.compile:
-        runner.fdg.compile_step()
+        try:
+            runner.fdg.compile_step()
+        except ValueError as err:  # an int8 copy's step
+            raise BenchmarkInputError(f"--compile: {err}") from None
     peer, peer_entry = None, None
     if settings.reference in ("clip4idc", "all"):
         torch.manual_seed(settings.seed)
