@@ -38,7 +38,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 8
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 9
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -110,7 +110,7 @@ def test_report_contents(report):
     assert peer["paper_parameters"] == 173_700_000
     assert abs(peer["parameters"]["total"] - 173_700_000) < 50_000  # the paper's count, to its 0.1M rounding
     assert 0 < peer["parameters"]["inference"] < peer["parameters"]["total"]
-    assert peer["linear_maps"] == ("onednn_fp32" if onednn.linear_available() else "fp32")  # converted as namc's
+    assert peer["linear_maps"] == ("onednn_fp32_prepacked" if onednn.linear_available() else "fp32")  # as namc's
     style = report["model"]["parameters_paper_style"]
     assert style["inference_without_vocab_embedding"] == params["inference"] - style["vocab_embedding"]
     t = report["training"]
@@ -388,7 +388,7 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     torch.manual_seed(0)
     peer = tp.CLIP4IDCPeer().eval()
     low = tp.peer_at(peer, precision)
-    forms = {"int8": "int8_dynamic", "bf16": "onednn_bf16_prepacked", "fp32": "onednn_fp32"}
+    forms = {"int8": "int8_dynamic", "bf16": "onednn_bf16_prepacked", "fp32": "onednn_fp32_prepacked"}
     assert linear_form(low) == forms[precision] and linear_form(peer) == "fp32"  # the report's peer.linear_maps
     used = [low.clip.visual, low.cross, low.decoder, low.transform, low.head]
     assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]

@@ -12,10 +12,9 @@ the harness, in :mod:`namc.eval.throughput`.
 In eval mode the incremental step takes a fused path (:class:`~namc.models.layers.StepWeights`): one (3D x D)
 projection gives the self-attention query, key and value, the hidden states stay (b, D) instead of (b, 1, D), the
 cross-attention keys/values are made contiguous once, and on a CPU the large skinny products run through oneDNN
-(:func:`~namc.models.onednn.dense`).
-In training mode (dropout active) the step runs the blocks' modules unchanged, so sampling with dropout behaves as
-before. Finished rows are dropped once they are a quarter of the batch (not at every [EOS]), which amortises the
-copies of the caches that each drop makes.
+(:func:`~namc.models.onednn.dense`). In training mode (dropout active) the step runs the blocks' modules unchanged, so
+sampling with dropout behaves as before. Finished rows are dropped once they are a quarter of the batch (not at
+every [EOS]), which amortises the copies of the caches that each drop makes.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from namc.models import onednn
 from namc.models.compiled_step import CompiledStep
 from namc.models.layers import Block, KVCache, LayerNorm, attend_step, cache_dtype
 from namc.models.layers import StepWeights as _StepWeights
+from namc.models.packed_step import fp32_step_weights
 from namc.models.qlinear import int8_linear, int8_worthwhile
 from namc.models.shortlist import Shortlist, greedy_ids
 
@@ -186,12 +186,13 @@ class FDG(nn.Module):
         if max_new_tokens + 1 > self.max_len:
             raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
         B, _, D = memory.shape
-        fused = None if self.training else self.step_weights()
+        compiled = "_compiled_step" in self.__dict__  # a compiled graph lays its weights out itself
+        fused = None if self.training else self.step_weights(1 if compiled else B)
         dtype = cache_dtype(memory, fused)
         caches = [
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, dtype) for _ in self.blocks
         ]
-        if fused is not None and "_compiled_step" in self.__dict__ and onednn.is_packed(fused[0].vocab[0]):
+        if fused is not None and compiled and onednn.is_packed(fused[0].vocab[0]):
             # a compiled graph cannot take oneDNN's opaque tensors: compile over the plain weights
             fused = [_StepWeights.of(block, self._vocab()) for block in self.blocks]
         if fused is not None and shortlist is not None:
@@ -222,9 +223,10 @@ class FDG(nn.Module):
             for block in self.blocks
         ]
 
-    def step_weights(self) -> list[_StepWeights]:
-        """The eval step's matrices per layer: those :meth:`pack_step` prepared, else the live parameters."""
-        return getattr(self, "_packed_step", None) or [_StepWeights.of(block, self._vocab()) for block in self.blocks]
+    def step_weights(self, rows: int = 1) -> list[_StepWeights]:
+        """The eval step's matrices per layer: those :meth:`pack_step` prepared, else the live parameters (large fp32
+        ones reordered for oneDNN for a generation of ``rows`` rows, :mod:`namc.models.packed_step`)."""
+        return getattr(self, "_packed_step", None) or fp32_step_weights(self, rows)
 
     def _vocab(self) -> tuple[torch.Tensor, None]:
         return (self.tok.weight if self.lm_head is None else self.lm_head.weight, None)

@@ -84,6 +84,7 @@ class _State:
     caches: list[StaticKVCache]
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # 2 x (B, H, N, E) per layer
     memory_mask: torch.Tensor | None  # (B, N) bool
+    weights: list  # FDG.step_weights(B) when built (on a shortlist's rows where one is given)
     graph: torch.cuda.CUDAGraph | None = None
 
 
@@ -126,7 +127,6 @@ class StaticDecoder:
         self.shortlist = fdg._shortlist(vocabulary)
         self._states: OrderedDict[tuple, _State] = OrderedDict()
         self._built_for: tuple = ()  # the FDG's parameters when the states were built (_fingerprint)
-        self._weights: list = []  # FDG.step_weights() then: the matrices every state's step (and graph) reads
 
     @torch.inference_mode()
     def __call__(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,7 +171,7 @@ class StaticDecoder:
         seen = (s.slots <= s.position)[None, None, None, :]  # (1, 1, 1, L): the slots written so far
         for cache in s.caches:
             cache.mask = seen
-        logits = fdg._fused_layers(x, s.caches, s.cross_kv, s.memory_mask, self._weights)  # (B, V)
+        logits = fdg._fused_layers(x, s.caches, s.cross_kv, s.memory_mask, s.weights)  # (B, V)
         nxt = greedy_ids(logits, self.shortlist).masked_fill(s.finished, fdg.pad_id)  # (B,)
         s.out.index_copy_(1, s.position, nxt[:, None])
         s.finished |= nxt == s.eos
@@ -179,12 +179,10 @@ class StaticDecoder:
         s.position += 1
 
     def _state(self, memory: torch.Tensor, memory_mask: torch.Tensor | None, cross_kv: list) -> _State:
-        weights = _fingerprint(self.fdg)
-        if weights != self._built_for:
+        built_for = _fingerprint(self.fdg)
+        if built_for != self._built_for:
             self._states.clear()
-            self._built_for, self._weights = weights, self.fdg.step_weights()
-            if self.shortlist is not None:
-                self._weights = self.fdg.shortlisted(self._weights, self.shortlist)
+            self._built_for = built_for
         key = (tuple(memory.shape), memory.dtype, memory.device, memory_mask is not None)
         if key in self._states:
             self._states.move_to_end(key)
@@ -199,7 +197,10 @@ class StaticDecoder:
         run on it); the CUDA graph where one is captured."""
         fdg, L = self.fdg, self.max_new_tokens
         B, _, D = memory.shape
-        device, dtype = memory.device, cache_dtype(memory, self._weights)
+        weights = fdg.step_weights(B)  # the matrices this state's step (and graph) reads
+        if self.shortlist is not None:
+            weights = fdg.shortlisted(weights, self.shortlist)
+        device, dtype = memory.device, cache_dtype(memory, weights)
         position = torch.zeros(1, dtype=torch.long, device=device)
         s = _State(
             position=position,
@@ -211,6 +212,7 @@ class StaticDecoder:
             caches=[StaticKVCache(B, fdg.heads, L, D // fdg.heads, position, dtype) for _ in fdg.blocks],
             cross_kv=[(k.clone(), v.clone()) for k, v in cross_kv],
             memory_mask=None if memory_mask is None else memory_mask.clone(),
+            weights=weights,
         )
         if self.graph if self.graph is not None else device.type == "cuda":
             s.graph = self._capture(s)

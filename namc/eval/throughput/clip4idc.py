@@ -237,21 +237,21 @@ def linear_form(peer: CLIP4IDCPeer) -> str:
     if isinstance(head, DynamicLinear):
         return "int8_dynamic"
     if isinstance(head, OneDNNLinear):
-        return "onednn_bf16_prepacked" if onednn.is_packed(head.weight) else "onednn_fp32"
+        kind = "onednn_bf16" if head.weight.dtype == torch.bfloat16 else "onednn_fp32"
+        return f"{kind}_prepacked" if onednn.is_packed(head.weight) else kind
     return "bf16" if head.weight.dtype == torch.bfloat16 else "fp32"
 
 
 class OneDNNLinear(nn.Module):
     """A linear map on oneDNN's kernel (``torch.ops.mkldnn._linear_pointwise``), as namc's decoding step runs its
-    matrices: in bf16 with the weight reordered once into oneDNN's blocked layout (a plain bf16 weight is reordered at
-    every call; the bf16 peer decodes 1.06x faster at batch 32 and 1.32x at batch 1 so), in fp32 on the weight as it
-    is (on the AMD EPYC of the README the fp32 peer runs 1.16x faster at batch 32 and 1.19-1.48x at batch 1 on it than
-    on ``F.linear``'s BLAS)."""
+    matrices: the weight reordered once into oneDNN's blocked layout, in bf16 (a plain bf16 weight is reordered at
+    every call; the bf16 peer decodes 1.06x faster at batch 32 and 1.32x at batch 1 so) and, since session 37, in
+    fp32 (:mod:`namc.models.packed_step`; on the AMD EPYC of the README the fp32 peer on plain weights ran 1.16x
+    faster at batch 32 and 1.19-1.48x at batch 1 than on ``F.linear``'s BLAS)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
         super().__init__()
-        weight = weight.to(dtype).contiguous()
-        self.weight = onednn.pack_linear(weight) if dtype == torch.bfloat16 else weight
+        self.weight = onednn.pack_linear(weight.to(dtype).contiguous())
         self.bias = None if bias is None else bias.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

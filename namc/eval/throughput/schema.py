@@ -28,11 +28,12 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 8  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+SCHEMA_VERSION = 9  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
 # settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
 # 7: required peer.linear_maps (the peer converted as namc: reports of 6 and before timed a less converted peer)
 # 8: required model.part_precisions in place of model.grid_precision (a bf16 copy keeps small parts in fp32)
+# 9: peer.linear_maps onednn_fp32_prepacked (namc's fp32 decoding and the fp32 peer on reordered weights)
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -245,8 +246,8 @@ _MATMUL = {
     "flops_per_call": _field("number", "`2 n^3`"),
     "backends": _field(
         "object",
-        "backend name -> stats of FLOP/s: `torch.mm`, and on CPU in float32 `onednn` (the kernel FDG's decoding step "
-        "uses for large matrices)",
+        "backend name -> stats of FLOP/s: `torch.mm`; on CPU in float32 and bf16 `onednn` and `onednn_prepacked` "
+        "(FDG's kernel for large matrices, on the plain and the reordered matrix); int8 `int8_dynamic_linear`",
         additionalProperties={"$ref": "#/$defs/stats"},
     ),
     "best_backend": _field("string", "the backend with the highest median"),
@@ -317,9 +318,9 @@ _PEER = {
     "linear_maps": _enum(
         LINEAR_FORMS,
         "what every linear map of the peer, attention projections included, ran as (`clip4idc.peer_at`): plain "
-        "`F.linear` in fp32 or bf16 (off the CPU, or without oneDNN), oneDNN's kernel in fp32 or on prepacked bf16 "
-        "weights, or dynamic int8 layers; schema 6 and before timed a peer whose attention stayed fp32 in int8, "
-        "whose bf16 weights were not prepacked and whose fp32 products ran on `F.linear`",
+        "`F.linear` in fp32 or bf16 (off the CPU, or without oneDNN), oneDNN's kernel on prepacked fp32 (plain until "
+        "schema 8) or bf16 weights, or dynamic int8 layers; schema 6 and before timed a peer whose attention stayed "
+        "fp32 in int8, whose bf16 weights were not prepacked and whose fp32 products ran on `F.linear`",
     ),
 }
 

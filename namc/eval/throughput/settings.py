@@ -42,7 +42,7 @@ PRETRAIN_DEVICES = 8  # appendix F: "a batch size of 512, distributed across 8 A
 MODES = ("decode", "grid", "e2e")
 REFERENCES = ("none", "decode", "clip4idc", "all")
 # what the CLIP4IDC peer's linear maps run as (clip4idc.linear_form)
-LINEAR_FORMS = ("fp32", "bf16", "onednn_fp32", "onednn_bf16_prepacked", "int8_dynamic")
+LINEAR_FORMS = ("fp32", "bf16", "onednn_fp32", "onednn_fp32_prepacked", "onednn_bf16_prepacked", "int8_dynamic")
 PRECISIONS = ("fp32", "bf16", "int8")  # namc.models.precision.PRECISIONS (models may not import eval)
 INT8_GRIDS = ("static", "fp32")
 LENGTH_MODES = ("fixed", "eos")
