@@ -29,7 +29,7 @@ def _reordered(weights: list) -> set[str]:
 
 @torch.inference_mode()
 def test_reordered_from_min_rows_with_the_plain_weights_results(fdg: FDG, monkeypatch: pytest.MonkeyPatch):
-    assert _reordered(fdg.step_weights(1)) == set()
+    assert _reordered(fdg.step_weights(packed_step.MIN_ROWS - 1)) == set()
     assert _reordered(fdg.step_weights(packed_step.MIN_ROWS)) == {"qkv", "ffn_in", "ffn_out", "vocab"}
     memory = torch.randn(5, 7, 32, generator=torch.Generator().manual_seed(0))
     ids = fdg.generate(memory, 10)
@@ -40,8 +40,8 @@ def test_reordered_from_min_rows_with_the_plain_weights_results(fdg: FDG, monkey
     for rows in (1, 5):  # one step's logits, plain against reordered
         caches, cross_kv, plain = fdg._start(memory[:rows], 3)
         twin_caches, _, _ = fdg._start(memory[:rows], 3)
-        monkeypatch.setattr(packed_step, "MIN_ROWS", 2)
-        reordered = fdg.step_weights(2)
+        monkeypatch.setattr(packed_step, "MIN_ROWS", 1)
+        reordered = fdg.step_weights(rows)
         tokens = torch.full((rows,), fdg.bos_id)
         want = fdg._fused_step(tokens, 0, caches, cross_kv, None, plain)
         got = fdg._fused_step(tokens, 0, twin_caches, cross_kv, None, reordered)
@@ -51,13 +51,13 @@ def test_reordered_from_min_rows_with_the_plain_weights_results(fdg: FDG, monkey
 
 @torch.inference_mode()
 def test_kept_until_a_parameter_changes(fdg: FDG):
-    first = fdg.step_weights(3)
-    assert fdg.step_weights(8)[0].vocab[0] is first[0].vocab[0]  # made once, for every batch from MIN_ROWS
-    memory = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(1))
+    first = fdg.step_weights(packed_step.MIN_ROWS)
+    assert fdg.step_weights(32)[0].vocab[0] is first[0].vocab[0]  # made once, for every batch from MIN_ROWS
+    memory = torch.randn(packed_step.MIN_ROWS, 7, 32, generator=torch.Generator().manual_seed(1))
     before = fdg.generate(memory, 8)
     with torch.inference_mode(False), torch.no_grad():
         fdg.tok.weight.mul_(-1.0)  # the tied vocabulary projection, changed in place
-    again = fdg.step_weights(3)
+    again = fdg.step_weights(packed_step.MIN_ROWS)
     assert again[0].vocab[0] is not first[0].vocab[0]
     after = fdg.generate(memory, 8)
     assert not torch.equal(after, before)
@@ -68,7 +68,7 @@ def test_kept_until_a_parameter_changes(fdg: FDG):
 
 @torch.inference_mode()
 def test_copies_and_the_other_ways_of_decoding(fdg: FDG):
-    memory = torch.randn(4, 7, 32, generator=torch.Generator().manual_seed(2))
+    memory = torch.randn(packed_step.MIN_ROWS, 7, 32, generator=torch.Generator().manual_seed(2))
     ids = fdg.generate(memory, 9)
     assert "_packed_fp32" in fdg.__dict__
     twin = copy.deepcopy(fdg)  # oneDNN's opaque tensors cannot be copied: the copy starts without them

@@ -3,17 +3,19 @@
 :func:`~namc.models.onednn.dense` runs an fp32 matrix of :data:`~namc.models.onednn.MIN_WEIGHT` entries or more on
 oneDNN's kernel (namc_base's fused q/k/v, feed-forward and 49,409 x 768 vocabulary matrices). Given a plain weight,
 oneDNN computes from it as it lies in memory; reordered once (``torch.ops.mkldnn._reorder_linear_weight``, what
-inductor does to a compiled step's frozen weights), the same products run faster from 2 rows up and a little
-slower at 1. One ``mkldnn._linear_pointwise`` call, plain / reordered, us, two AMD EPYC threads,
-``OMP_WAIT_POLICY=PASSIVE``, medians of 60-300 calls alternating (session 37): 49,409 x 768 at 1 / 8 / 32 rows 7643
-/ 7484, 12129 / 9140, 19780 / 15598; 2304 x 768 267 / 333, 470 / 479, 1187 / 998; 768 x 3072 633 / 663, 846 / 755,
-1429 / 1248. namc_base's fp32 decoding (23 tokens, one process alternating, the same ids): 0.91x at batch 1, 1.17x
-at 2, 1.19x at 4, 1.31x at 6, 1.20x at 8, 1.19x at 32.
+inductor does to a compiled step's frozen weights), the vocabulary projection runs faster from 2 rows up and the
+layer matrices from about 4, both a little slower at 1.
+One ``mkldnn._linear_pointwise`` call, plain / reordered, us, two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``,
+medians of 60-300 calls alternating (session 37): 49,409 x 768 at 1 / 2 / 4 / 8 / 32 rows 9495 / 9679, 11391 /
+10263, 11213 / 7210, 12129 / 8957, 19780 / 15771; 2304 x 768 214 / 267, 380 / 436, 363 / 289, 470 / 474, 1187 /
+980; 768 x 3072 275 / 434, 427 / 557, 525 / 542, 846 / 705, 1429 / 1187. namc_base's fp32 decoding (23 tokens, one
+process alternating, the same ids; three sittings): 0.91x at batch 1, 0.98-1.20x at 2, 1.19x at 4, 1.31x at 6,
+1.20-1.32x at 8, 1.10-1.19x at 32.
 
 So an eval-mode FDG in fp32 on a CPU decodes a batch of :data:`MIN_ROWS` rows or more on reordered copies of those
 matrices, made at its first such generation and kept (:class:`PackedStep`, in FDG's ``__dict__``) until one of
 FDG's parameters is replaced or changed in place (:func:`~namc.models.precision._fingerprint`, as the inference
-copies are rebuilt): namc_base's hold 204 MB (its fp32 weights 422 MB), made in about 0.1 s. Training steps, other
+copies are rebuilt): namc_base's take 213 MB (its inference weights 474 MB) and 85 ms to make. Training steps, other
 devices, bf16 and int8 copies (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>` lays those out) and
 compiled graphs (which lay out their own) are unchanged.
 """
@@ -31,19 +33,21 @@ from namc.models.precision import _fingerprint
 
 __all__ = ["MIN_ROWS", "PackedStep", "fp32_step_weights"]
 
-MIN_ROWS = 2  # a generation of this many rows or more decodes on the reordered matrices (read at each call)
+MIN_ROWS = 4  # a generation of this many rows or more decodes on the reordered matrices (read at each call)
 
 
 def fp32_step_weights(fdg: nn.Module, rows: int) -> list[StepWeights]:
     """FDG's eval step weights (per layer) from its live parameters for a generation of ``rows`` rows: as they are,
     or, where :func:`reorders` says so, the kept reordered copies (built or rebuilt here)."""
+    packed = fdg.__dict__.get("_packed_fp32") if rows >= MIN_ROWS else None
+    if packed is not None and packed.key == _fingerprint(fdg):
+        return packed.weights
     plain = [StepWeights.of(block, fdg._vocab()) for block in fdg.blocks]
     if rows < MIN_ROWS or not any(reorders(getattr(w, n)[0]) for w in plain for n in StepWeights.NAMES):
         return plain
-    packed = fdg.__dict__.get("_packed_fp32")
-    if packed is None:
-        packed = fdg.__dict__["_packed_fp32"] = PackedStep()
-    return packed.weights(fdg, plain)
+    fdg.__dict__["_packed_fp32"] = None  # the stale copies go before the new ones are made
+    fdg.__dict__["_packed_fp32"] = packed = PackedStep(_fingerprint(fdg), plain)
+    return packed.weights
 
 
 def reorders(weight: torch.Tensor | nn.Module) -> bool:
@@ -62,29 +66,21 @@ def reorders(weight: torch.Tensor | nn.Module) -> bool:
 
 
 class PackedStep:
-    """One FDG's reordered step matrices and the fingerprint of the parameters they came from. A deep copy (an
-    inference copy of the model) starts empty: oneDNN's opaque tensors cannot be copied."""
+    """One FDG's step weights with its large fp32 matrices reordered (:func:`reorders`), and ``key``, the fingerprint
+    of the parameters they came from. A deep copy (an inference copy of the model) has none: oneDNN's opaque
+    tensors cannot be copied."""
 
-    __slots__ = ("_key", "_weights")
+    __slots__ = ("key", "weights")
 
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._weights: list[StepWeights] = []
+    def __init__(self, key: tuple | None = None, plain: list[StepWeights] = ()) -> None:
+        self.key, self.weights = key, []
+        done: dict[int, tuple] = {}  # the vocabulary matrix is shared by the layers: reorder it once
+        for w in plain:
+            for name in StepWeights.NAMES:
+                weight, bias = getattr(w, name)
+                if id(weight) not in done:
+                    done[id(weight)] = (onednn.pack_linear(weight.detach()) if reorders(weight) else weight, bias)
+            self.weights.append(dataclasses.replace(w, **{n: done[id(getattr(w, n)[0])] for n in w.NAMES}))
 
     def __deepcopy__(self, memo: dict) -> PackedStep:
         return PackedStep()
-
-    def weights(self, fdg: nn.Module, plain: list[StepWeights]) -> list[StepWeights]:
-        key = _fingerprint(fdg)
-        if key != self._key:
-            self._key, self._weights = None, []  # the stale copies go before the new ones are made
-            done: dict[int, tuple] = {}  # the vocabulary matrix is shared by the layers: reorder it once
-            for w in plain:
-                for name in StepWeights.NAMES:
-                    weight, bias = getattr(w, name)
-                    if id(weight) not in done:
-                        form = onednn.pack_linear(weight.detach()) if reorders(weight) else weight
-                        done[id(weight)] = (form, bias)
-                self._weights.append(dataclasses.replace(w, **{n: done[id(getattr(w, n)[0])] for n in w.NAMES}))
-            self._key = key
-        return self._weights
