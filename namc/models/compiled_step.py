@@ -10,6 +10,7 @@ two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``, one process alternating; docs
 ===================================  ===========  ===========  ===========  ===========  ===========  ===========
 compiled / eager                     fp32, b 1    fp32, b 8    fp32, b 32   bf16, b 1    bf16, b 8    bf16, b 32
 ===================================  ===========  ===========  ===========  ===========  ===========  ===========
+eager reordered (abbc8e5), one run   1.02x        0.96x        1.15x
 session 37 (86db03a), two runs       0.84-0.88x   1.11-1.18x   1.13-1.18x   0.94-0.97x   0.93-0.96x   0.97-1.05x
 session 24 (3abe18f), two runs       1.38-1.52x                1.14-1.15x   0.97-1.02x                1.02-1.05x
 ===================================  ===========  ===========  ===========  ===========  ===========  ===========
@@ -18,15 +19,18 @@ fp32's ids are eager's to the bit; bf16's fused kernels round differently, and o
 are close, 1.6-12.5% of the tokens at batch 8 and 32 differed (none at batch 1). At batch 1 the compiler takes the
 batch size as a constant and inductor runs the matrices on MKL's packed GEMM, where eager runs oneDNN's kernel and,
 since session 32, its small products on one thread (a profile of one generation: 343 ms of MKL products against
-eager's 314 ms of products, and the compiled step's own calls and guards 40 ms): so compile pays in fp32 from a few
-rows up. An int8 copy's step is refused (``ValueError``): the compiler cannot trace its packed int8 layers, so each
-one broke the graph and the step ran 0.49-0.72x eager's speed at batch 1-32 (session 37; 0.72-0.84x in session 24),
-and on the plain kernels (:func:`namc.models.qlinear.int8_kernels`) it crashed in dynamo; made opaque ops, the whole
-graph decoded only 1.00-1.04x faster than eager (session 25). Eager int8 is the fastest decoding.
-Frozen weights are copies laid out at compile time
-(namc_base's fp32 step at batch 1 raised the process's peak memory by about 500 MB), so :class:`CompiledStep`
-fingerprints FDG's parameters before every generation and compiles again when one of them was replaced or changed in
-place (an optimiser step, ``load_state_dict``, ``.to()``) or :meth:`~namc.models.fdg.FDG.pack_step` ran again.
+eager's 314 ms of products, and the compiled step's own calls and guards 40 ms). From a few rows up the compiled
+step gained mostly by inductor's reordering of the matrices for oneDNN, which eager decoding now does too
+(:mod:`namc.models.packed_step`; the first row of the table, against that eager step). An int8 copy's step is
+refused (``ValueError``): the compiler cannot trace its packed int8 layers, so each one broke the graph and the step
+ran 0.49-0.72x eager's speed at batch 1-32 (session 37; 0.72-0.84x in session 24), and on the plain kernels
+(:func:`namc.models.qlinear.int8_kernels`) it crashed in dynamo; made opaque ops, the whole graph decoded only
+1.00-1.04x faster than eager (session 25). Eager int8 is the fastest decoding.
+
+Frozen weights are copies laid out at compile time (namc_base's fp32 step at batch 1 raised the process's peak memory
+by about 500 MB), so :class:`CompiledStep` fingerprints FDG's parameters before every generation and compiles again
+when one of them was replaced or changed in place (an optimiser step, ``load_state_dict``, ``.to()``) or
+:meth:`~namc.models.fdg.FDG.pack_step` ran again.
 """
 
 from __future__ import annotations
