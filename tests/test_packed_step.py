@@ -16,9 +16,9 @@ pytestmark = pytest.mark.skipif(not onednn.linear_available(), reason="oneDNN's 
 
 @pytest.fixture
 def fdg(monkeypatch: pytest.MonkeyPatch) -> FDG:
-    """Width 32, with dense's oneDNN threshold at 2048 entries: q/k/v (3072), the FFN's two (4096) and the
-    vocabulary (3200) reordered, the 32 x 32 ones not."""
-    monkeypatch.setattr(onednn, "MIN_WEIGHT", 2048)
+    """Width 32, with the reordering threshold at 2048 entries: q/k/v (3072), the FFN's two (4096) and the
+    vocabulary (3200) reordered, the 32 x 32 ones not (which dense runs on ``F.linear``, as the plain step does)."""
+    monkeypatch.setattr(packed_step, "MIN_WEIGHT", 2048)
     torch.manual_seed(4)
     return FDG(FDGConfig(vocab_size=100, dim=32, heads=4, layers=2, max_len=16, eos_id=-1, dropout=0.0)).eval()
 
