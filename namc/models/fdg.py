@@ -260,13 +260,7 @@ class FDG(nn.Module):
         packed = [_StepWeights.of(block, vocab) for block in self.blocks]
         if precision == "bf16" and not (vocab[0].device.type == "cpu" and onednn.linear_available()):
             return
-        cache: dict[int, tuple] = {}  # the vocabulary matrix is shared by the layers: pack it once
-        for w in packed:
-            for name in _StepWeights.NAMES:
-                weight, bias = getattr(w, name)
-                if id(weight) not in cache:
-                    cache[id(weight)] = _StepWeights.packed(weight, bias, precision)
-                setattr(w, name, cache[id(weight)])
+        packed = _StepWeights.each_matrix(packed, lambda weight, bias: _StepWeights.packed(weight, bias, precision))
         if precision == "int8":
             for block in self.blocks:
                 kv = block.cross_attn.kv

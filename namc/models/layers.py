@@ -11,7 +11,7 @@ streams between self- and cross-attention.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -343,6 +343,20 @@ class StepWeights:
         qkv = (torch.cat([s.q.weight, s.kv.weight]), torch.cat([s.q.bias, s.kv.bias]))
         pairs = [(m.weight, m.bias) for m in (s.out, c.q, c.out, f_in, f_out)]
         return cls(qkv, *pairs, vocab)
+
+    @staticmethod
+    def each_matrix(weights: list[StepWeights], form: Callable[[torch.Tensor, torch.Tensor | None], tuple]) -> list:
+        """``weights`` with every ``(weight, bias)`` entry replaced by ``form(weight, bias)``, made once per matrix
+        (the vocabulary's is shared by the layers)."""
+        done: dict[int, tuple] = {}
+        out = []
+        for w in weights:
+            for name in w.NAMES:
+                weight, bias = getattr(w, name)
+                if id(weight) not in done:
+                    done[id(weight)] = form(weight, bias)
+            out.append(replace(w, **{name: done[id(getattr(w, name)[0])] for name in w.NAMES}))
+        return out
 
     @staticmethod
     def packed(weight: torch.Tensor, bias: torch.Tensor | None, precision: str) -> tuple:

@@ -313,15 +313,23 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     x = x.to(weight.dtype)  # a bf16 copy mixes bf16 and fp32 matrices (bf16_worthwhile) and runs without autocast
-    if (
-        weight.numel() >= MIN_WEIGHT
-        and weight.dtype == torch.float32
-        and torch.backends.mkldnn.enabled
-        and not torch.compiler.is_compiling()  # the private op needs constant weights in a graph: let inductor pick
-        and linear_available()
-    ):
+    if fp32_kernel(weight, MIN_WEIGHT):
         return _onednn_linear(x, weight, bias)
     return threads.run(_kind(weight), 2.0 * x.numel() * weight.shape[0], F.linear, x, weight, bias)
+
+
+def fp32_kernel(weight: torch.Tensor, min_weight: int) -> bool:
+    """Whether a plain fp32 CPU ``weight`` of ``min_weight`` entries or more runs on oneDNN's kernel (:func:`dense`
+    from :data:`MIN_WEIGHT`; reordered, :mod:`namc.models.packed_step`): not inside a graph being compiled, where
+    the private op needs constant weights (let inductor pick)."""
+    return (
+        weight.numel() >= min_weight
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and torch.backends.mkldnn.enabled
+        and not torch.compiler.is_compiling()
+        and linear_available()
+    )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

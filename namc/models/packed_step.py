@@ -25,8 +25,6 @@ inference weights 474 MB) and 92 ms to make. Training steps, other devices, bf16
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 
@@ -54,19 +52,10 @@ def fp32_step_weights(fdg: nn.Module, rows: int) -> list[StepWeights]:
     return packed.weights
 
 
-def reorders(weight: torch.Tensor | nn.Module) -> bool:
-    """Whether a step matrix runs reordered: an fp32 CPU matrix of :data:`MIN_WEIGHT` entries or more, where oneDNN's
-    kernel runs, outside a graph being compiled."""
-    return (
-        isinstance(weight, torch.Tensor)
-        and not weight.is_mkldnn
-        and weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and weight.numel() >= MIN_WEIGHT
-        and torch.backends.mkldnn.enabled
-        and not torch.compiler.is_compiling()
-        and onednn.linear_available()
-    )
+def reorders(weight: torch.Tensor) -> bool:
+    """Whether a plain step matrix runs reordered: an fp32 CPU matrix of :data:`MIN_WEIGHT` entries or more, on
+    oneDNN's kernel (:func:`~namc.models.onednn.fp32_kernel`)."""
+    return onednn.fp32_kernel(weight, MIN_WEIGHT)
 
 
 class PackedStep:
@@ -77,14 +66,11 @@ class PackedStep:
     __slots__ = ("key", "weights")
 
     def __init__(self, key: tuple | None = None, plain: list[StepWeights] = ()) -> None:
-        self.key, self.weights = key, []
-        done: dict[int, tuple] = {}  # the vocabulary matrix is shared by the layers: reorder it once
-        for w in plain:
-            for name in StepWeights.NAMES:
-                weight, bias = getattr(w, name)
-                if id(weight) not in done:
-                    done[id(weight)] = (onednn.pack_linear(weight.detach()) if reorders(weight) else weight, bias)
-            self.weights.append(dataclasses.replace(w, **{n: done[id(getattr(w, n)[0])] for n in w.NAMES}))
+        self.key, self.weights = key, StepWeights.each_matrix(list(plain), _reordered)
 
     def __deepcopy__(self, memo: dict) -> PackedStep:
         return PackedStep()
+
+
+def _reordered(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    return (onednn.pack_linear(weight.detach()) if reorders(weight) else weight, bias)

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from namc import ops
+from namc.models import packed_step
 from namc.models.fdg import FDG
 from namc.models.layers import KVCache, cache_dtype
 from namc.models.precision import _fingerprint
@@ -127,6 +128,7 @@ class StaticDecoder:
         self.shortlist = fdg._shortlist(vocabulary)
         self._states: OrderedDict[tuple, _State] = OrderedDict()
         self._built_for: tuple = ()  # the FDG's parameters when the states were built (_fingerprint)
+        self._weights: dict[bool, list] = {}  # FDG.step_weights then, plain and reordered (packed_step.MIN_ROWS)
 
     @torch.inference_mode()
     def __call__(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -182,7 +184,7 @@ class StaticDecoder:
         built_for = _fingerprint(self.fdg)
         if built_for != self._built_for:
             self._states.clear()
-            self._built_for = built_for
+            self._built_for, self._weights = built_for, {}
         key = (tuple(memory.shape), memory.dtype, memory.device, memory_mask is not None)
         if key in self._states:
             self._states.move_to_end(key)
@@ -197,9 +199,11 @@ class StaticDecoder:
         run on it); the CUDA graph where one is captured."""
         fdg, L = self.fdg, self.max_new_tokens
         B, _, D = memory.shape
-        weights = fdg.step_weights(B)  # the matrices this state's step (and graph) reads
-        if self.shortlist is not None:
-            weights = fdg.shortlisted(weights, self.shortlist)
+        form = B >= packed_step.MIN_ROWS  # the states of either form share their matrices
+        if form not in self._weights:
+            weights = fdg.step_weights(B)
+            self._weights[form] = weights if self.shortlist is None else fdg.shortlisted(weights, self.shortlist)
+        weights = self._weights[form]  # the matrices this state's step (and graph) reads
         device, dtype = memory.device, cache_dtype(memory, weights)
         position = torch.zeros(1, dtype=torch.long, device=device)
         s = _State(

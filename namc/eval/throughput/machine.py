@@ -97,15 +97,15 @@ def measure_matmul(
     b = torch.randn(size, size, generator=gen).to(device, dtype)
     flops = 2.0 * size**3
     backends: dict[str, Callable[[], Any]] = {"torch.mm": lambda: torch.mm(a, b)}
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_linear_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b)
-        backends["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
-        backends["onednn_prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
     if precision == "int8":
         from namc.models.qlinear import int8_linear
 
-        packed = int8_linear(b, None)
-        backends = {"int8_dynamic_linear": lambda: packed(a)}
+        layer = int8_linear(b, None)
+        backends = {"int8_dynamic_linear": lambda: layer(a)}
+    elif device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_linear_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b)
+        backends["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        backends["onednn_prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
     results = {}
     with torch.inference_mode():
         for name, fn in backends.items():
