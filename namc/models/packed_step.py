@@ -41,14 +41,15 @@ MIN_WEIGHT = 1 << 19  # ... of this many entries or more (namc_base's smallest d
 def fp32_step_weights(fdg: nn.Module, rows: int) -> list[StepWeights]:
     """FDG's eval step weights (per layer) from its live parameters for a generation of ``rows`` rows: as they are,
     or, where :func:`reorders` says so, the kept reordered copies (built or rebuilt here)."""
-    packed = fdg.__dict__.get("_packed_fp32") if rows >= MIN_ROWS else None
-    if packed is not None and packed.key == _fingerprint(fdg):
+    key = _fingerprint(fdg) if rows >= MIN_ROWS else None
+    packed = fdg.__dict__.get("_packed_fp32")
+    if key is not None and packed is not None and packed.key == key:
         return packed.weights
     plain = [StepWeights.of(block, fdg._vocab()) for block in fdg.blocks]
-    if rows < MIN_ROWS or not any(reorders(getattr(w, n)[0]) for w in plain for n in StepWeights.NAMES):
+    if key is None or not any(reorders(getattr(w, n)[0]) for w in plain for n in StepWeights.NAMES):
         return plain
     fdg.__dict__["_packed_fp32"] = None  # the stale copies go before the new ones are made
-    fdg.__dict__["_packed_fp32"] = packed = PackedStep(_fingerprint(fdg), plain)
+    fdg.__dict__["_packed_fp32"] = packed = PackedStep(key, plain)
     return packed.weights
 
 
