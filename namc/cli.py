@@ -55,7 +55,7 @@ Studies and analyses (needs namc[train]):
 
 # command -> (module whose main(argv) runs it, the extra it needs or None)
 _COMMANDS: dict[str, tuple[str, str | None]] = {
-    "describe": ("namc.inference", None),
+    "describe": ("namc.describe_cli", None),
     "benchmark": ("namc.eval.throughput", None),
     "data": ("namc.data.cli", None),
     "eval": ("namc.eval.captions", "train"),

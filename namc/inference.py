@@ -37,10 +37,10 @@ from tqdm.auto import tqdm
 
 from namc.data.errors import IssueKind, RecordError
 from namc.data.pairs import ListedPair, read_pair_list
-from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform, pixel_cap_arg
+from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform
 from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
-from namc.models.precision import PRECISIONS, check_precision
+from namc.models.precision import check_precision
 from namc.models.shortlist import Shortlist
 from namc.runtime import stdout_closed
 from namc.text.tokenizer import WordTokenizer
@@ -48,7 +48,7 @@ from namc.text.vocab import read_captions
 
 ImageLike = str | Path | Image.Image
 
-__all__ = ["caption_pair_list", "describe", "main", "read_captions"]
+__all__ = ["caption_pair_list", "describe", "read_captions", "run"]
 
 
 def _load(image: ImageLike, transform: ImageTransform) -> torch.Tensor:
@@ -188,17 +188,7 @@ def _issue(err: Exception) -> IssueKind:
     return IssueKind.CORRUPT_IMAGE
 
 
-# ------------------------------------------------------------------------------------------------ the command
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+# ------------------------------------------------------------- the command (parsed in namc.describe_cli)
 
 
 def _device(text: str) -> torch.device:
@@ -217,68 +207,6 @@ def _device(text: str) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise argparse.ArgumentTypeError(f"{text}: no MPS device is available; use --device cpu")
     return device
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="namc describe",
-        description="Caption the change between two image files, or between the pairs a list file names (--pairs).",
-        epilog="exit status: 0 captioned; 1 a file could not be used (corrupt or oversized image, damaged weights, "
-        "unreadable config; with --pairs: a malformed list, or any pair skipped); 2 usage error (bad option, "
-        "missing path, no such device)",
-    )
-    parser.add_argument("image1", nargs="?", help="the first ('before') image")
-    parser.add_argument("image2", nargs="?", help="the second ('after') image")
-    parser.add_argument(
-        "--pairs",
-        metavar="LIST",
-        help="caption every pair this file lists instead (one per line: the first image, a tab or spaces, the "
-        "second; paths relative to the file's folder; # comments): one JSON line per pair, in order, a pair whose "
-        "image cannot be used written with its error and skipped",
-    )
-    parser.add_argument(
-        "--output", metavar="FILE.jsonl", type=Path, help="with --pairs: write the JSON lines here (default: stdout)"
-    )
-    parser.add_argument(
-        "--batch-size", type=_positive_int, default=32, help="with --pairs: pairs per forward pass (default 32)"
-    )
-    parser.add_argument("--model", required=True, help="a save_pretrained folder, hf-hub:org/name, or a namc .ckpt")
-    parser.add_argument("--beams", type=_positive_int, default=1, help="beam width (1: greedy, as the paper)")
-    parser.add_argument(
-        "--max-new-tokens", type=_positive_int, default=None, help="longest caption (default: the model's, 23)"
-    )
-    parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda, cuda:1, mps (default: cpu)")
-    parser.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="fp32",
-        help="fp32 (default); bf16 (CPU: bf16 weights where bf16 pays, about 2x faster on namc_base with AVX-512 "
-        "BF16 / AMX; a narrow model's small layers stay fp32; CUDA: autocast); "
-        "int8 (CPU only: dynamic int8 linear layers; the ResNet grid in static int8 where the model folder has an "
-        "int8_calibration.json, written by save_pretrained after model.calibrate_int8)",
-    )
-    words = parser.add_mutually_exclusive_group()
-    words.add_argument(
-        "--vocabulary",
-        metavar="CAPTIONS.txt",
-        help="write only the tokens of these captions (a UTF-8 file, one per line: say, the captions the model was "
-        "fine-tuned on); decoding then projects onto those tokens only, faster (namc.models.shortlist); words "
-        "outside a word vocabulary are listed as [UNK], and named on stderr",
-    )
-    words.add_argument(
-        "--shortlist",
-        action="store_true",
-        help="write only the tokens of the captions the model was fine-tuned on (its shortlist.json, which `namc "
-        "fit` with FinetuneModule saves); faster decoding, as --vocabulary",
-    )
-    parser.add_argument(
-        "--max-image-pixels",
-        type=pixel_cap_arg,
-        default=MAX_IMAGE_PIXELS,
-        help=f"refuse images over this many pixels, before decoding them (default {MAX_IMAGE_PIXELS:,}, PIL's "
-        "limit; 0: no cap)",
-    )
-    return parser
 
 
 def _describe_list(model: NAMC, pairs: list[ListedPair], args: argparse.Namespace, vocabulary: Shortlist | None) -> int:
@@ -335,18 +263,13 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``namc describe A.png B.png --model DIR``: caption what changed from the first image to the second."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.pairs is None and (args.image1 is None or args.image2 is None):
-        parser.error("two image files are needed (or --pairs LIST)")
-    if args.pairs is not None and args.image1 is not None:
-        parser.error("give two image files or --pairs LIST, not both")
-    if args.pairs is None and args.output is not None:
-        parser.error("--output is for --pairs; one pair's caption is printed")
-    if args.output is not None and args.output.is_dir():
-        parser.error(f"--output {args.output} is a folder: name the JSON lines file to write")
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``namc describe`` on arguments :func:`namc.describe_cli.build_parser` parsed and checked: load the model,
+    caption, print; 0, or 1 / 2 after one line on stderr (a usage error through ``parser.error``)."""
+    try:
+        args.device = _device(args.device)
+    except argparse.ArgumentTypeError as err:
+        parser.error(f"argument --device: {err}")
     if args.model in list_models() and not Path(args.model).exists():
         return _error(
             f"--model {args.model} is a preset name, which has no trained weights: pass a folder written by "

@@ -32,7 +32,7 @@ RANKS = {
     "lit": 5,
     "experiment": 5.5,
 }
-TOP = 6  # namc/__init__.py, __main__.py, cli.py, inference.py
+TOP = 6  # namc/__init__.py, __main__.py, cli.py, describe_cli.py, inference.py
 TRAINING_STACK = ("lightning", "pytorch_lightning", "jsonargparse")
 OPTIONAL = (
     "pycocoevalcap",

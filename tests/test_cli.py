@@ -265,3 +265,38 @@ def test_dispatch_and_usage(capsys: pytest.CaptureFixture, tmp_path: Path) -> No
     bad.write_text("{not json")
     assert main(["eval", str(bad), str(bad)]) == 2  # forwarded to namc.eval.captions.main
     assert "malformed JSON" in capsys.readouterr().err
+
+
+# run in a fresh interpreter: `namc COMMAND ARGV`, then whether torch was imported and the exit status
+_FRESH = """
+import sys
+from namc.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exit_:
+    status = exit_.code
+print("torch" in sys.modules, status or 0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "words"),
+    [
+        (["describe", "--help"], 0, "--pairs LIST"),
+        (["describe", "a.png", "b.png"], 2, "the following arguments are required: --model"),
+        (["describe", "a.png", "--model", "m"], 2, "two image files are needed"),
+        (["describe", "a.png", "b.png", "--model", "m", "--precision", "fp8"], 2, "argument --precision"),
+        (["benchmark", "--help"], 0, "--omp-wait-policy"),
+        (["benchmark", "--device", "tpu9"], 2, "device must be cpu, cuda or cuda:N, got 'tpu9'"),
+        (["benchmark", "--dtype", "float16"], 2, "float16 is measured on CUDA only"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_help_and_usage_errors_answer_before_torch_loads(argv: list[str], status: int, words: str) -> None:
+    """``namc describe`` and ``namc benchmark`` parse and check their options without importing torch (6-8 s):
+    ``--help`` and a usage error answer at once, with the exit status and message of a full run."""
+    proc = subprocess.run([sys.executable, "-c", _FRESH, *argv], capture_output=True, text=True, cwd=REPO)
+    *printed, last = proc.stdout.splitlines()
+    assert last == f"False {status}", proc.stdout + proc.stderr
+    assert words in "\n".join(printed) + proc.stderr
+    assert "Traceback" not in proc.stderr

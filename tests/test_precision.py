@@ -18,7 +18,7 @@ from PIL import Image
 
 import namc
 from namc.data.collate import pad_sequences
-from namc.inference import main as describe_main
+from namc.describe_cli import main as describe_main
 from namc.models import fdg as fdg_module
 from namc.models import onednn
 from namc.models import precision as precision_module

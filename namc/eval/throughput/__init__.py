@@ -20,54 +20,63 @@
 (:mod:`.schema`; docs/benchmark_schema.md is rendered from it by :mod:`.schema_doc`); :func:`validate_report` and
 :func:`format_table` (:mod:`.report`) read it; :func:`main` (:mod:`.cli`) is ``namc benchmark``. Every module here
 works with the core install (no Lightning, jsonargparse, pycocoevalcap, TensorBoard or matplotlib).
+
+The names below load on first use (PEP 562): ``namc benchmark`` parses its options, and re-runs itself under
+``--omp-wait-policy``, before torch loads (:mod:`.cli` and :mod:`.settings` import no torch).
 """
 
-from namc.eval.throughput.baselines import generate_reference, generate_uncached
-from namc.eval.throughput.cli import build_parser, main
-from namc.eval.throughput.clip4idc import CLIP4IDCPeer, peer_at
-from namc.eval.throughput.flops import decoder_flops
-from namc.eval.throughput.harness import load_model, run_benchmark
-from namc.eval.throughput.inference import (
-    decoding_shortlist,
-    generated_lengths,
-    length_mode,
-    random_shortlist,
-    run_inference,
-)
-from namc.eval.throughput.machine import describe_machine, measure_matmul
-from namc.eval.throughput.report import format_table, validate_report
-from namc.eval.throughput.schema import REPORT_SCHEMA, SCHEMA_VERSION
-from namc.eval.throughput.settings import PAPER_TABLE5, BenchmarkInputError, BenchmarkSettings
-from namc.eval.throughput.timing import peak_memory, summarize, time_calls
-from namc.eval.throughput.training import run_training, synthetic_pretrain_batch
+from __future__ import annotations
 
-__all__ = [
-    "CLIP4IDCPeer",
-    "PAPER_TABLE5",
-    "REPORT_SCHEMA",
-    "SCHEMA_VERSION",
-    "BenchmarkInputError",
-    "BenchmarkSettings",
-    "build_parser",
-    "decoder_flops",
-    "decoding_shortlist",
-    "describe_machine",
-    "format_table",
-    "generate_reference",
-    "generate_uncached",
-    "generated_lengths",
-    "length_mode",
-    "load_model",
-    "main",
-    "measure_matmul",
-    "peak_memory",
-    "peer_at",
-    "random_shortlist",
-    "run_benchmark",
-    "run_inference",
-    "run_training",
-    "summarize",
-    "synthetic_pretrain_batch",
-    "time_calls",
-    "validate_report",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from namc.eval.throughput.baselines import generate_reference, generate_uncached  # noqa: F401
+    from namc.eval.throughput.cli import build_parser, main  # noqa: F401
+    from namc.eval.throughput.clip4idc import CLIP4IDCPeer, peer_at  # noqa: F401
+    from namc.eval.throughput.flops import decoder_flops  # noqa: F401
+    from namc.eval.throughput.harness import load_model, run_benchmark  # noqa: F401
+    from namc.eval.throughput.inference import (  # noqa: F401
+        decoding_shortlist,
+        generated_lengths,
+        length_mode,
+        random_shortlist,
+        run_inference,
+    )
+    from namc.eval.throughput.machine import describe_machine, measure_matmul  # noqa: F401
+    from namc.eval.throughput.report import format_table, validate_report  # noqa: F401
+    from namc.eval.throughput.schema import REPORT_SCHEMA, SCHEMA_VERSION  # noqa: F401
+    from namc.eval.throughput.settings import PAPER_TABLE5, BenchmarkInputError, BenchmarkSettings  # noqa: F401
+    from namc.eval.throughput.timing import peak_memory, summarize, time_calls  # noqa: F401
+    from namc.eval.throughput.training import run_training, synthetic_pretrain_batch  # noqa: F401
+
+# module (under namc.eval.throughput) -> the public names it defines
+_MODULES = {
+    "baselines": ("generate_reference", "generate_uncached"),
+    "cli": ("build_parser", "main"),
+    "clip4idc": ("CLIP4IDCPeer", "peer_at"),
+    "flops": ("decoder_flops",),
+    "harness": ("load_model", "run_benchmark"),
+    "inference": ("decoding_shortlist", "generated_lengths", "length_mode", "random_shortlist", "run_inference"),
+    "machine": ("describe_machine", "measure_matmul"),
+    "report": ("format_table", "validate_report"),
+    "schema": ("REPORT_SCHEMA", "SCHEMA_VERSION"),
+    "settings": ("PAPER_TABLE5", "BenchmarkInputError", "BenchmarkSettings"),
+    "timing": ("peak_memory", "summarize", "time_calls"),
+    "training": ("run_training", "synthetic_pretrain_batch"),
+}
+_EXPORTS = {name: f"{__name__}.{module}" for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

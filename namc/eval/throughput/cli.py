@@ -5,7 +5,8 @@ CPU threads: OpenMP's default lets idle worker threads spin. On a machine shared
 runner, a 2-core VM) the spinning threads take the cores the main thread needs, and small-batch decoding ran
 3-4x slower in our measurements (namc_base on 2 threads, batch 32: 123 tokens/s spinning vs 430 with
 ``OMP_WAIT_POLICY=PASSIVE``). ``--omp-wait-policy passive`` re-runs the harness in a child process with it set
-(OpenMP reads it only when torch loads); every report records the threading variables in ``machine.env``. Under it,
+(OpenMP reads it only when torch loads; options are parsed and checked without torch, so the parent process never
+loads it); every report records the threading variables in ``machine.env``. Under it,
 namc and the peer alike run products too small to pay for waking a second thread on one (:mod:`namc.models.threads`).
 
 Memory: ``--allocator reuse`` first makes glibc's allocator keep freed memory for reuse
@@ -25,7 +26,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from namc.eval.throughput.harness import run_benchmark
 from namc.eval.throughput.report import format_table
 from namc.eval.throughput.settings import (
     DTYPES,
@@ -149,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fields = {f.name for f in dataclasses.fields(BenchmarkSettings)}
     try:
         settings = BenchmarkSettings(**{k: v for k, v in vars(args).items() if k in fields})
+        from namc.eval.throughput.harness import run_benchmark  # torch, the model library: once the options are good
+
         report = run_benchmark(settings)
     except BenchmarkInputError as err:
         print(f"namc benchmark: {err}", file=sys.stderr)

@@ -21,7 +21,6 @@ from namc.eval.throughput.inference import decoding_shortlist, random_shortlist,
 from namc.eval.throughput.machine import describe_machine, measure_matmul
 from namc.eval.throughput.schema import SCHEMA_VERSION
 from namc.eval.throughput.settings import (
-    DTYPES,
     PAPER_TABLE5,
     SHORTLIST_OF_MODEL,
     BenchmarkInputError,
@@ -90,7 +89,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BenchmarkInputError(f"device {settings.device!r} requested but CUDA is not available")
-    dtype = DTYPES[settings.dtype]
+    dtype = getattr(torch, settings.dtype)
     try:  # this torch's int8 kernels, or NAMC_INT8_KERNELS's choice: every report records them
         int8_kernels()
     except (ValueError, RuntimeError) as err:

@@ -6,10 +6,9 @@ the harness knows, and the environment variables that change CPU threading.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 __all__ = [
     "DTYPES",
@@ -54,7 +53,10 @@ class BenchmarkInputError(ValueError):
     command line prints it as one line, where an error inside a run keeps its traceback."""
 
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Names, not torch objects: this module imports no torch, so `namc benchmark` parses its options (and re-runs itself
+# under --omp-wait-policy) before torch loads
+DTYPES = ("float32", "float16", "bfloat16")  # torch.float32, ...
+DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")  # what settings.device may say
 #: environment variables that change CPU threading behaviour; recorded in every report
 THREADING_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "KMP_BLOCKTIME")
 
@@ -125,6 +127,7 @@ class BenchmarkSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self.device = str(self.device)  # a torch.device too
         self.batch_sizes = tuple(int(b) for b in self.batch_sizes)
         self.modes = tuple(self.modes)
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -150,7 +153,10 @@ class BenchmarkSettings:
             raise BenchmarkInputError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.int8_grid not in INT8_GRIDS:
             raise BenchmarkInputError(f"int8_grid must be one of {INT8_GRIDS}, got {self.int8_grid!r}")
-        if self.precision != "fp32" and (torch.device(self.device).type != "cpu" or self.dtype != "float32"):
+        if not DEVICE.fullmatch(self.device):
+            raise BenchmarkInputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        device_type = self.device.split(":", 1)[0]
+        if self.precision != "fp32" and (device_type != "cpu" or self.dtype != "float32"):
             raise BenchmarkInputError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
         if self.shortlist != SHORTLIST_OF_MODEL and (
             isinstance(self.shortlist, bool) or not isinstance(self.shortlist, int) or self.shortlist < 0
@@ -161,5 +167,5 @@ class BenchmarkSettings:
             )
         if self.compile and self.static_decode:
             raise BenchmarkInputError("compile and static_decode are two ways of running the step: pick one")
-        if torch.device(self.device).type != "cuda" and self.dtype != "float32":
+        if device_type != "cuda" and self.dtype != "float32":
             raise BenchmarkInputError(f"{self.dtype} is measured on CUDA only; use float32 on {self.device}")

@@ -16,7 +16,6 @@ import torch
 
 from namc.data.collate import CaptionCollator, PretrainCollator
 from namc.eval.throughput.settings import (
-    DTYPES,
     PRETRAIN_DEVICES,
     PRETRAIN_EPOCHS,
     PRETRAIN_PAIRS,
@@ -92,7 +91,7 @@ def _train_step(
 ) -> Callable[[], None]:
     """One optimiser step over ``batch`` as a closure: Adam over the paper's parameter groups; half precision runs
     under ``torch.autocast`` with fp32 weights (float16 with a gradient scaler)."""
-    dtype = DTYPES[settings.dtype]
+    dtype = getattr(torch, settings.dtype)
     # Adam ignores the groups' extra "name" and "min_lr" keys (the cosine schedule's); the harness times no schedule
     optimizer = torch.optim.Adam(optimizer_groups(model.param_groups(), PRETRAIN_LR if pretrain else FINETUNE_LR))
     use_amp = dtype != torch.float32
