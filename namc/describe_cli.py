@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PRECISIONS,
         default="fp32",
         help="fp32 (default); bf16 (CPU: bf16 weights where bf16 pays, about 2x faster on namc_base with AVX-512 "
-        "BF16 / AMX; a narrow model's small layers stay fp32; CUDA: autocast); "
+        "BF16 / AMX; a narrow model's small layers stay fp32, and every layer on a CPU without AVX-512; CUDA: "
+        "autocast); "
         "int8 (CPU only: dynamic int8 linear layers; the ResNet grid in static int8 where the model folder has an "
         "int8_calibration.json, written by save_pretrained after model.calibrate_int8)",
     )

@@ -119,8 +119,8 @@ def test_linear_subclasses_take_their_own_int8_form_or_raise():
     x1, x2 = torch.randn(2, 10, 64), 3 * torch.randn(2, 10, 64)  # streams of different ranges: one scale each
     q = quantize_linears(fusion)
     assert not isinstance(q, nn.Linear) and [type(m) for m in q.children()] == [DynamicLinear, DynamicLinear]
-    with torch.inference_mode():
-        assert _error(q(x1, x2), fusion(x1, x2)) < 0.01
+    with torch.inference_mode():  # activations at 8 bits with VNNI; 7 bits without (measured 1.7%), twice the error
+        assert _error(q(x1, x2), fusion(x1, x2)) < (0.01 if full_range() else 0.02)
 
     class Scaled(nn.Linear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -197,8 +197,10 @@ def test_plain_kernels_give_the_quantised_kernels_outputs(monkeypatch):
         torch.testing.assert_close(plain(torch.zeros(3, 96)), bias.expand(3, -1), rtol=0, atol=1e-6)
         assert plain(x.bfloat16()).dtype == torch.bfloat16
         assert torch.equal(copy.deepcopy(plain)(x), plain(x))
-        assert _error(plain(x), x @ weight.T + bias) < 0.05  # measured 3.1%: the large features widen the range
-    assert _error(expected, x @ weight.T + bias) < 0.05
+        # measured 3.1%: the large features widen the range (5.9% at 7 bits, without VNNI)
+        limit = 0.05 if full_range() else 0.1
+        assert _error(plain(x), x @ weight.T + bias) < limit
+    assert _error(expected, x @ weight.T + bias) < limit
     monkeypatch.setenv(KERNELS_ENV, "plain")
     assert int8_kernels() == "plain" and int8_linear(weight, bias).kernels == "plain"
     net = quantize_linears(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)))

@@ -95,7 +95,9 @@ def test_int8_rows_are_the_full_projections_to_the_bit():
     assert torch.equal(fdg.generate(memory, 12, vocabulary=listed), ids)
 
 
-@pytest.mark.skipif(not onednn.linear_available(), reason="needs oneDNN's linear kernels")
+@pytest.mark.skipif(
+    not (onednn.linear_available() and onednn.bf16_supported()), reason="needs oneDNN's linear kernels in bf16"
+)
 @torch.inference_mode()
 def test_a_bf16_copy_projects_onto_prepacked_rows():
     fdg = _fdg().to(torch.bfloat16)  # as the bf16 inference copy (namc.models.precision)

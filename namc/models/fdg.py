@@ -242,11 +242,12 @@ class FDG(nn.Module):
           oneDNN at every call:
           for namc_base's 49409 x 768 vocabulary that reorder costs more than the product at batch >= 8 (one
           thread, interleaved: 10.5 vs 17.9 ms at batch 8, 15.9 vs 24.9 ms at batch 32, equal at batch 1; the
-          layer matrices about 1.6x at batch >= 8). Without oneDNN nothing changes.
+          layer matrices about 1.6x at batch >= 8). Without oneDNN, or where it has no bf16 on this CPU
+          (:func:`~namc.models.onednn.bf16_supported`), nothing changes.
 
         The prefill (cross-attention keys/values of the memory, once per generation) stays in the weights' dtype in
         bf16 and becomes a dynamic int8 layer in int8: in fp32 it took 28% of namc_base's int8 decoding at batch 32
-        (two AMD EPYC threads; 15% in bf16). In int8, where the CPU has native bf16 (oneDNN's check), the
+        (two AMD EPYC threads; 15% in bf16). In int8, where oneDNN has bf16 on this CPU (its own check), the
         keys/values it writes are kept in bf16 from a memory of ``CROSS_KV_BF16_MIN`` elements up (namc_base's
         from 7 pairs), and each step's cross-attention reads them in bf16 as two batched products
         (:func:`~namc.models.layers.attend_one`): with fp32 keys/values the one-query attention over namc_base's 196
@@ -258,7 +259,9 @@ class FDG(nn.Module):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
         vocab = self._vocab()
         packed = [_StepWeights.of(block, vocab) for block in self.blocks]
-        if precision == "bf16" and not (vocab[0].device.type == "cpu" and onednn.linear_available()):
+        if precision == "bf16" and not (
+            vocab[0].device.type == "cpu" and onednn.linear_available() and onednn.bf16_supported()
+        ):
             return
         packed = _StepWeights.each_matrix(packed, lambda weight, bias: _StepWeights.packed(weight, bias, precision))
         if precision == "int8":
@@ -266,7 +269,7 @@ class FDG(nn.Module):
                 kv = block.cross_attn.kv
                 if isinstance(kv, nn.Linear) and int8_worthwhile(kv.weight):
                     block.cross_attn.kv = int8_linear(kv.weight, kv.bias)
-            if vocab[0].device.type == "cpu" and onednn.bf16_native():
+            if vocab[0].device.type == "cpu" and onednn.bf16_supported():
                 self._cross_kv_dtype = torch.bfloat16
         self._packed_step = packed
 

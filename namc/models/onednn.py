@@ -34,7 +34,7 @@ __all__ = [
     "FusedBlock",
     "FusedConv",
     "ShapeCache",
-    "bf16_native",
+    "bf16_supported",
     "bf16_worthwhile",
     "conv_available",
     "dense",
@@ -259,13 +259,25 @@ def bf16_worthwhile(weight: torch.Tensor) -> bool:
     return weight.numel() >= BF16_MIN_WEIGHT
 
 
-def bf16_native() -> bool:
-    """Whether oneDNN runs bf16 natively on this CPU (AVX-512 BF16 or AMX; its own check, a private op: False where
-    this torch build lacks it)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+def bf16_supported() -> bool:
+    """Whether oneDNN runs bf16 on this CPU at all: AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, natively where the CPU
+    has AVX-512 BF16 or AMX (oneDNN's own check, a private op; False where this torch build lacks it).
+
+    Without it (an AVX2-only CPU: AMD Zen 2-3, Intel's desktop and laptop chips since Alder Lake) oneDNN refuses bf16
+    reorders, and PyTorch's fallback kernels run bf16 far slower than fp32 (two AVX2 EPYC threads, session 38: a
+    32 x 768 by 768 x 8192 product 5.5x, a 3 x 3 convolution of 256 channels at 28 x 28 37x), so a bf16 copy keeps
+    every part in fp32 there (:mod:`namc.models.precision`).
+    """
+    global _BF16_OK
+    if _BF16_OK is None:
+        try:
+            _BF16_OK = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            _BF16_OK = False
+    return _BF16_OK
+
+
+_BF16_OK: bool | None = None
 
 
 def linear_available() -> bool:

@@ -73,6 +73,7 @@ import contextlib
 import copy
 import json
 import math
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -209,8 +210,13 @@ def load_int8_calibration(model: nn.Module, directory: Path) -> bool:
 
 def int8_grid(model: nn.Module) -> str:
     """What the grid of ``model``'s ``int8`` copy runs in: ``"int8"`` once :func:`calibrate_int8` calibrated it for
-    the current grid weights (or the calibration came with the saved model), else ``"fp32"``."""
-    return "fp32" if int8_calibration(model) is None else "int8"
+    the current grid weights (or the calibration came with the saved model), where this CPU runs oneDNN's int8
+    convolutions exactly (:func:`~namc.models.qconv.qconv_available`: not without VNNI, where oneDNN halves the
+    weights), else ``"fp32"``."""
+    from namc.models.qconv import qconv_available
+
+    calibrated = int8_calibration(model) is not None
+    return "int8" if calibrated and onednn.conv_available() and qconv_available() else "fp32"
 
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
@@ -252,7 +258,13 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
 
 def _to_bf16(twin: nn.Module) -> None:
     """Make ``twin``, a folded inference copy, the bf16 copy: each part in bf16 where bf16 pays on a CPU, else fp32,
-    and every part casting what it takes to its own dtype (no autocast, which would run the fp32 parts in bf16)."""
+    and every part casting what it takes to its own dtype (no autocast, which would run the fp32 parts in bf16).
+    Where oneDNN has no bf16 on this CPU (:func:`~namc.models.onednn.bf16_supported`), bf16 pays nowhere: every
+    part stays fp32, the grid's convolutions fused as for int8 (a warning says so, once a process)."""
+    if not onednn.bf16_supported():
+        warnings.warn(_NO_BF16, RuntimeWarning, stacklevel=2)
+        twin.grid.fuse_onednn()
+        return
     if onednn.conv_available():  # bf16 convolutions pay through oneDNN's fused kernels only
         for module in twin.grid.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -270,6 +282,12 @@ def _to_bf16(twin: nn.Module) -> None:
                 setattr(module, name, CastLinear.of(child.to(_dtype(onednn.bf16_worthwhile(weight)))))
     fdg.tok.to(_dtype(onednn.bf16_worthwhile(vocab)))  # the vocabulary projection's matrix where tied
     fdg.pack_step("bf16")  # the decoding step's bf16 matrices in oneDNN's layout, reordered once
+
+
+_NO_BF16 = (
+    "precision bf16: oneDNN has no bf16 on this CPU (it needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX), where bf16 "
+    "runs several times slower than fp32, so every part of the bf16 copy stays fp32 (part_precisions says so)"
+)
 
 
 def _dtype(bf16: bool) -> torch.dtype:

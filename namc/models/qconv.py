@@ -301,7 +301,9 @@ def quantize_resnet(backbone: nn.Module, peaks: list[list[float]], pixel_peak: f
 
 def qconv_available() -> bool:
     """Whether this torch build has oneDNN's quantised convolution kernels and they match a float convolution of
-    the same int8 codes (checked once on tiny tensors)."""
+    the same int8 codes (checked once on tiny tensors). Not on a CPU without VNNI (AVX2 only), where oneDNN halves
+    the weights to keep its int16 sums from saturating: 9% off the float convolution there (session 38), so a
+    calibrated grid runs in fp32 on such a CPU."""
     global _QCONV_OK
     if _QCONV_OK is None:
         try:

@@ -15,7 +15,7 @@ import torch
 
 from namc.eval.throughput.settings import THREADING_ENV
 from namc.eval.throughput.timing import summarize, time_calls
-from namc.models.onednn import linear_available as onednn_linear_available
+from namc.models import onednn
 from namc.models.qlinear import int8_kernels
 from namc.runtime import allocator_settings
 
@@ -88,9 +88,10 @@ def measure_matmul(
     ``flops_per_s`` is the fastest backend's median, so an efficiency never looks better for using a different GEMM
     than the reference. ``precision="bf16"`` times both
     in bfloat16; ``"int8"`` times the dynamic int8 linear layer the int8 decoder uses (activations quantised per
-    call, as in decoding).
+    call, as in decoding). Where oneDNN has no bf16 on this CPU, bf16 copies run in fp32
+    (:func:`~namc.models.onednn.bf16_supported`), and so does this reference.
     """
-    if precision == "bf16":
+    if precision == "bf16" and (device.type != "cpu" or onednn.bf16_supported()):
         dtype = torch.bfloat16
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device, dtype)
@@ -102,7 +103,7 @@ def measure_matmul(
 
         layer = int8_linear(b, None)
         backends = {"int8_dynamic_linear": lambda: layer(a)}
-    elif device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_linear_available():
+    elif device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn.linear_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b)
         backends["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
         backends["onednn_prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
