@@ -479,6 +479,14 @@ def test_describe_precision_flag(trained, tmp_path, capsys, precision):
     assert capsys.readouterr().out == fp32 != ""
 
 
+def test_the_torch_free_parsers_know_every_precision():
+    """namc describe's and namc benchmark's options are parsed before torch loads, from their own copies of the list."""
+    from namc import describe_cli
+    from namc.eval.throughput import settings
+
+    assert describe_cli.PRECISIONS == settings.PRECISIONS == PRECISIONS
+
+
 def test_describe_rejects_an_unknown_precision(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         describe_main(["a.png", "b.png", "--model", str(tmp_path), "--precision", "fp8"])
