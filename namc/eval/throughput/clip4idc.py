@@ -189,8 +189,9 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
     kernel, which namc's fp32 decoding step runs (:func:`namc.models.onednn.dense`). Where this torch has no oneDNN
     linear kernel (or off the CPU) bf16 is plain bf16 weights and fp32 the peer itself; where oneDNN has no bf16 on
     this CPU, bf16 is fp32, as namc's bf16 copy is there (:func:`~namc.models.onednn.bf16_supported`)."""
-    onednn_ok = peer.head.weight.device.type == "cpu" and onednn.linear_available()
-    if precision == "bf16" and peer.head.weight.device.type == "cpu" and not onednn.bf16_supported():
+    on_cpu = peer.head.weight.device.type == "cpu"
+    onednn_ok = on_cpu and onednn.linear_available()
+    if precision == "bf16" and on_cpu and not onednn.bf16_supported():
         precision = "fp32"
     if precision == "fp32" and not onednn_ok:
         return peer
