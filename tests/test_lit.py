@@ -261,7 +261,7 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
     # int8: the static grid is calibrated on the training split before the first captions (not without pairs)
     with pytest.raises(ValueError, match="int8_calibration_pairs"):
         FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, int8_calibration_pairs=-1)
-    static = "int8" if onednn.conv_available() and qconv_available() else "fp32"  # fp32 on a CPU without VNNI
+    static = "int8" if onednn.conv_available() and qconv_available() else "fp32"  # fp32: no oneDNN int8 convolution
     for pairs, grid in ((0, "fp32"), (12, static)):
         module = FinetuneModule(
             pretrained=path, tokenizer=dm.caption_tokenizer, inference_precision="int8", int8_calibration_pairs=pairs

@@ -124,7 +124,7 @@ def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch)
         stem = inference_copy(model, "int8").grid.backbone.conv1
         if int8_grid(model) == "int8":
             assert isinstance(stem, QuantStem) and stem.plain is (int8_kernels() == "plain")
-        else:  # no exact int8 convolution on this CPU (no VNNI): the calibrated grid runs fused in fp32
+        else:  # no exact int8 convolution in this torch build: the calibrated grid runs fused in fp32
             assert type(stem) is onednn.FusedConv and not qconv_available()
     low = model.generate(images_1, images_2, precision=precision)
     same = [a == b for a, b in zip(fp32, low)]

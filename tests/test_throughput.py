@@ -27,7 +27,7 @@ from namc.models.qlinear import DynamicLinear, full_range, int8_kernels
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmark_schema.md"
 # what a CPU runs: oneDNN's bf16 (AVX-512 or AMX; an AVX2-only CPU keeps bf16 copies in fp32) and its exact int8
-# convolutions (VNNI; without it a calibrated grid runs in fp32)
+# convolutions (7-bit activations without VNNI; a torch build without them runs a calibrated grid in fp32)
 BF16 = onednn.bf16_supported()
 STATIC_GRID = "int8" if onednn.conv_available() and qconv_available() else "fp32"
 QUICK = ["--threads", "1", "--repeats", "2", "--warmup", "1", "--gemm-size", "128", "--max-new-tokens", "5"]
@@ -43,7 +43,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 9
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 10
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -86,6 +86,9 @@ def test_report_contents(report):
     assert s["batch_sizes"] == [1, 3] and s["threads"] == 1 and s["length_mode"] == "fixed"
     assert report["machine"]["torch_threads"] == 1
     assert report["machine"]["cpu_model"]
+    bits = 8 if full_range() else 7  # what the CPU's kernels can do decides what bf16 and int8 run
+    cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "onednn_bf16": BF16, "int8_activation_bits": bits}
+    assert report["machine"]["cpu_kernels"] == cpu
     params = report["model"]["parameters"]
     assert 0 < params["inference"] < params["total"]  # the NIM towers and VQGAN are not used at inference
     entries = {(e["batch_size"], e["mode"]): e for e in report["inference"]}

@@ -180,10 +180,11 @@ class GridEncoder(nn.Module):
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             return calibrate_resnet(twin.backbone, (normalized(images) for images in batches))
 
-    def quantize_int8(self, peaks: list[list[float]]) -> int:
+    def quantize_int8(self, peaks: list[list[float]], ceiling: int | None = None) -> int:
         """Run the blocks of this folded, fused fp32 encoder in static int8 (:func:`namc.models.qconv.quantize_resnet`)
         with activation scales from :meth:`int8_peaks`, and the stem and its max-pool with the pixels' scale from
         the normalisation (:class:`namc.models.qconv.QuantStem`). Inference only, like :meth:`fuse_onednn`.
+        ``ceiling``: the largest activation code (:func:`namc.models.qconv.code_ceiling`: 255 with VNNI, else 127).
 
         Returns:
             how many convolutions now run in int8 (0 where this torch build lacks the kernels).
@@ -191,7 +192,8 @@ class GridEncoder(nn.Module):
         from namc.models.qconv import quantize_resnet
 
         lowest, highest = (0 - self.mean) / self.std, (1 - self.mean) / self.std  # normalised pixels of [0, 1]
-        return quantize_resnet(self.backbone, peaks, float(torch.maximum(lowest.abs(), highest.abs()).max()))
+        pixel_peak = float(torch.maximum(lowest.abs(), highest.abs()).max())
+        return quantize_resnet(self.backbone, peaks, pixel_peak, ceiling)
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         return ((images - self.mean) / self.std).contiguous(memory_format=torch.channels_last)

@@ -210,9 +210,9 @@ def load_int8_calibration(model: nn.Module, directory: Path) -> bool:
 
 def int8_grid(model: nn.Module) -> str:
     """What the grid of ``model``'s ``int8`` copy runs in: ``"int8"`` once :func:`calibrate_int8` calibrated it for
-    the current grid weights (or the calibration came with the saved model), where this CPU runs oneDNN's int8
-    convolutions exactly (:func:`~namc.models.qconv.qconv_available`: not without VNNI, where oneDNN halves the
-    weights), else ``"fp32"``."""
+    the current grid weights (or the calibration came with the saved model), where this torch build runs oneDNN's
+    int8 convolutions exactly (:func:`~namc.models.qconv.qconv_available`; with 7-bit activations on a CPU without
+    VNNI, :func:`~namc.models.qconv.code_ceiling`), else ``"fp32"``."""
     from namc.models.qconv import qconv_available
 
     calibrated = int8_calibration(model) is not None

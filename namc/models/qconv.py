@@ -2,24 +2,29 @@
 
 The grid is more than half of the end-to-end time (namc_base in bf16 at batch 32), and on a CPU with VNNI an int8
 convolution runs about twice as fast as the same one in bf16 (AMD EPYC, two threads, 64 images of 14 x 14: 1 x 1,
-1024 -> 256 channels 14.9 -> 7.8 ms; 3 x 3, 256 -> 256 29.9 -> 15.3 ms). This is the scheme
-PyTorch's x86 static flow (PT2E with ``X86InductorQuantizer``) lowers to, without ``torch.export`` or inductor: the
-same oneDNN kernels (``torch.ops.onednn.qconv2d_pointwise``), called from modules.
+1024 -> 256 channels 14.9 -> 7.8 ms; 3 x 3, 256 -> 256 29.9 -> 15.3 ms); on an AVX2 CPU without VNNI or bf16,
+1.7-2.9x as fast as fp32 (64 images: 3 x 3, 256 -> 256 at 28 x 28 374 -> 189 ms; 1 x 1, 256 -> 1024 at 14 x 14
+61 -> 21 ms). This is the scheme PyTorch's x86 static flow (PT2E with ``X86InductorQuantizer``) lowers to, without
+``torch.export`` or inductor: the same oneDNN kernels (``torch.ops.onednn.qconv2d_pointwise``), called from modules.
 
 - Weights: int8, symmetric, one scale per output channel (BatchNorm folded first).
 - Activations: uint8 (every quantised activation follows a ReLU), one static scale per tensor, ``max / 255`` of what
-  :func:`calibrate_resnet` observed on calibration images. Between blocks the activations stay uint8; the residual
+  :func:`calibrate_resnet` observed on calibration images; ``max / 127`` on a CPU without VNNI (:func:`code_ceiling`),
+  whose int8 kernels add pairs of uint8 x int8 products in int16 (``vpmaddubsw``), which saturates once the codes
+  pass 127: there every code a convolution reads stays at 7 bits (its producer clamps it, as a VNNI CPU's uint8
+  saturates at 255), and oneDNN's kernel is then exact. Between blocks the activations stay uint8; the residual
   addition and the ReLU are fused into the block's last convolution.
-- The downsampling shortcuts' outputs are signed: uint8 with zero point 128, scale ``max |x| / 127``.
+- The downsampling shortcuts' outputs are signed: uint8 with zero point 128, scale ``max |x| / 127`` (only added,
+  never multiplied: 8 bits on every CPU).
 - The stem (:class:`QuantStem`): its input, the normalised pixels, is signed: uint8 with zero point 128 and a scale
   from the normalisation itself (the largest ``|(0 - mean) / std|``, ``|(1 - mean) / std|``: no calibration, images
-  outside [0, 1] saturate); its output and the max-pool's share the first block's input scale (the max-pool keeps
-  the maximum). On namc_base's 64 images: convolution 129 -> 26 ms, max-pool 56 -> 7 ms, plus the quantisation
-  of the pixels (6 ms) instead of the max-pool's output.
+  outside [0, 1] saturate; zero point 64 and ``/ 63`` at 7 bits); its output and the max-pool's share the first
+  block's input scale (the max-pool keeps the maximum). On namc_base's 64 images: convolution 129 -> 26 ms, max-pool
+  56 -> 7 ms, plus the quantisation of the pixels (6 ms) instead of the max-pool's output.
 - Stays in floating point: the grid's output (its last block returns fp32 for MIR).
 
 A scale comes from calibration images, not from the input of each call, so the copy's output for an image does not
-depend on what else was encoded before it; images brighter than any seen in calibration saturate at 255.
+depend on what else was encoded before it; activations above any seen in calibration saturate at the top code.
 """
 
 from __future__ import annotations
@@ -31,13 +36,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from namc.models.onednn import FusedBlock, FusedConv, ShapeCache
-from namc.models.qlinear import affine_codes, int8_kernels
+from namc.models.qlinear import affine_codes, full_range, int8_kernels
 
 __all__ = [
     "QuantBlock",
     "QuantConv",
     "QuantStem",
     "calibrate_resnet",
+    "code_ceiling",
     "peak_layout",
     "qconv_available",
     "quantize_resnet",
@@ -47,19 +53,30 @@ _QCONV_OK: bool | None = None
 _QPOOL_OK: bool | None = None
 
 
-def quantize_u8(x: torch.Tensor, scale: float, zero_point: int = 0, plain: bool = False) -> torch.Tensor:
-    """``x`` as uint8 codes of ``scale`` and ``zero_point`` (0 for non-negative ``x``, 128 for signed; round to
-    nearest, saturating at 0 and 255), layout kept.
+def code_ceiling() -> int:
+    """The largest uint8 code a static int8 convolution of this CPU may read: 255 with VNNI (int32 sums); 127
+    without (AVX2, AVX-512 before Cascade Lake), where oneDNN's kernel adds pairs of uint8 x int8 products in int16 and
+    saturates past it (measured on an AVX2 EPYC: 8-bit codes 14-24 output steps off the float convolution of the same
+    codes, 7-bit codes within half a step, in oneDNN's, FBGEMM's and the x86 engine's kernels alike)."""
+    return 255 if full_range() else 127
+
+
+def quantize_u8(
+    x: torch.Tensor, scale: float, zero_point: int = 0, plain: bool = False, ceiling: int = 255
+) -> torch.Tensor:
+    """``x`` as uint8 codes of ``scale`` and ``zero_point`` (0 for non-negative ``x``, 128 for signed, 64 for signed
+    7-bit; round to nearest, saturating at 0 and ``ceiling``), layout kept.
 
     ``torch.quantize_per_tensor`` + ``int_repr`` (one pass each): 5.6x faster than the decomposed op PT2E graphs use
     when run eagerly. Its quantised-tensor deprecation warning does not apply here: the result is a plain uint8
     tensor. ``plain`` (the :func:`~namc.models.qlinear.int8_kernels` of a torch without quantised dtypes): the same
     codes from plain operations, in five passes."""
     if plain:
-        return affine_codes(x, scale, zero_point)
+        return affine_codes(x, scale, zero_point, ceiling + 1)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
-        return torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
+        codes = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
+    return codes if ceiling >= 255 else codes.clamp_(max=ceiling)
 
 
 class QuantConv(nn.Module):
@@ -70,10 +87,20 @@ class QuantConv(nn.Module):
     Called with ``accum`` (the shortcut), adds it before the ReLU: a uint8 ``accum`` (of ``accum_scale`` and
     ``accum_zero``) with a uint8 output, or an fp32 ``accum`` and an fp32 output, the two forms oneDNN's kernel
     accepts. The kernel adds into ``accum`` in place (and, in torch 2.15, returns a copy of it).
+
+    ``out_max``: the largest uint8 output code, below 255 where another convolution reads the output on a CPU without
+    VNNI (:func:`code_ceiling`): the ReLU becomes a clamp to ``[0, out_max * out_scale]`` (oneDNN's hardtanh post-op),
+    or, after a shortcut (the kernel's sum takes no other post-op than ReLU), the codes are clamped after.
     """
 
     def __init__(
-        self, conv: FusedConv, in_scale: float, out_scale: float | None, out_zero: int = 0, in_zero: int = 0
+        self,
+        conv: FusedConv,
+        in_scale: float,
+        out_scale: float | None,
+        out_zero: int = 0,
+        in_zero: int = 0,
+        out_max: int = 255,
     ) -> None:
         super().__init__()
         weight = conv.plain.float()
@@ -85,6 +112,9 @@ class QuantConv(nn.Module):
         self.geometry = (stride, padding, dilation, groups)  # the order of the quantised ops' arguments
         self.in_scale, self.out_scale, self.out_zero, self.relu = float(in_scale), out_scale, out_zero, conv.relu
         self.in_zero = in_zero
+        if out_max < 255 and (out_scale is None or out_zero or not conv.relu):
+            raise ValueError("only a uint8 output after a ReLU (zero point 0) takes a ceiling below 255")
+        self.out_max = out_max
         self.layouts = ShapeCache(self._layout)
 
     def _layout(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -98,6 +128,9 @@ class QuantConv(nn.Module):
         head = (qx, self.in_scale, self.in_zero, weight, self.w_scales, self.w_zero, self.bias, *self.geometry)
         out = (1.0, 0, torch.float32) if self.out_scale is None else (self.out_scale, self.out_zero, None)
         if accum is None:
+            if self.out_max < 255:
+                clamp = [0.0, self.out_max * self.out_scale]
+                return torch.ops.onednn.qconv2d_pointwise(*head, *out, "hardtanh", clamp, "")
             attr = "relu" if self.relu else "none"
             return torch.ops.onednn.qconv2d_pointwise(*head, *out, attr, [], "")
         if (accum.dtype == torch.uint8) != (self.out_scale is not None):
@@ -105,13 +138,15 @@ class QuantConv(nn.Module):
         head = (*head[:6], accum, *head[6:])
         unary = "relu" if self.relu else None
         shortcut = (accum_scale, accum_zero, "sum", 1.0)
-        return torch.ops.onednn.qconv2d_pointwise.binary(*head, *out, *shortcut, unary, [], "")
+        y = torch.ops.onednn.qconv2d_pointwise.binary(*head, *out, *shortcut, unary, [], "")
+        return y if self.out_max >= 255 else y.clamp_(max=self.out_max)
 
     def extra_repr(self) -> str:
         out = "fp32" if self.out_scale is None else f"uint8 x {self.out_scale:.3g}"
         zero = f" - {self.out_zero}" if self.out_zero else ""
         in_zero = f" - {self.in_zero}" if self.in_zero else ""
-        return f"uint8{in_zero} x {self.in_scale:.3g} -> {out}{zero}, relu={self.relu}"
+        top = f" (max {self.out_max})" if self.out_max < 255 else ""
+        return f"uint8{in_zero} x {self.in_scale:.3g} -> {out}{zero}{top}, relu={self.relu}"
 
 
 class QuantStem(nn.Module):
@@ -121,18 +156,25 @@ class QuantStem(nn.Module):
     Args:
         conv: the fused fp32 stem convolution (with its ReLU).
         pool: the max-pool after it.
-        in_peak: the largest magnitude of a normalised pixel (scale ``in_peak / 127``, zero point 128).
+        in_peak: the largest magnitude of a normalised pixel (scale ``in_peak / 127``, zero point 128; at a
+            ``ceiling`` of 127, ``in_peak / 63`` and 64).
         out_peak: the largest value of the stem's output, which is the first block's input peak.
+        ceiling: the largest code a convolution reads (:func:`code_ceiling` by default).
     """
 
-    def __init__(self, conv: FusedConv, pool: nn.MaxPool2d, in_peak: float, out_peak: float) -> None:
+    def __init__(
+        self, conv: FusedConv, pool: nn.MaxPool2d, in_peak: float, out_peak: float, ceiling: int | None = None
+    ) -> None:
         super().__init__()
-        self.conv = QuantConv(conv, max(in_peak, 1e-6) / 127, max(out_peak, 1e-6) / 255, in_zero=128)
+        self.ceiling = code_ceiling() if ceiling is None else ceiling
+        half = (self.ceiling + 1) // 2  # the signed pixels' zero point
+        in_scale, out_scale = max(in_peak, 1e-6) / (half - 1), max(out_peak, 1e-6) / self.ceiling
+        self.conv = QuantConv(conv, in_scale, out_scale, in_zero=half, out_max=self.ceiling)
         self.pool = (pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
         self.plain = int8_kernels() == "plain"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        codes = quantize_u8(x, self.conv.in_scale, self.conv.in_zero, self.plain)
+        codes = quantize_u8(x, self.conv.in_scale, self.conv.in_zero, self.plain, self.ceiling)
         y = self.conv(codes)  # (B, C, H/2, W/2), at the first block's scale
         return max_pool_u8(y, *self.pool, plain=self.plain)
 
@@ -176,18 +218,26 @@ class QuantBlock(nn.Module):
             block output (uint8 scales ``peak / 255``), then, with a downsampling shortcut, its largest magnitude
             (a signed uint8 of zero point 128, scale ``peak / 127``).
         final: return fp32 (the grid's last block) instead of uint8.
+        ceiling: the largest code a convolution reads (:func:`code_ceiling` by default): the scales of the input,
+            inner outputs and block output are ``peak / ceiling``.
     """
 
-    def __init__(self, block: FusedBlock, peaks: list[float], final: bool = False) -> None:
+    def __init__(self, block: FusedBlock, peaks: list[float], final: bool = False, ceiling: int | None = None) -> None:
         super().__init__()
         n = len(block.inner)
         expected = n + 2 + (block.downsample is not None)
         if len(peaks) != expected:
             raise ValueError(f"expected {expected} peaks for this block, got {len(peaks)}")
-        chain = [max(p, 1e-6) / 255 for p in peaks[: n + 2]]  # input, inner outputs, block output
+        self.ceiling = code_ceiling() if ceiling is None else ceiling
+        chain = [max(p, 1e-6) / self.ceiling for p in peaks[: n + 2]]  # input, inner outputs, block output
         self.in_scale = chain[0]
-        self.inner = nn.ModuleList(QuantConv(c, chain[i], chain[i + 1]) for i, c in enumerate(block.inner))
-        self.last = QuantConv(block.last, chain[n], None if final else chain[n + 1])
+        top = self.ceiling
+        self.inner = nn.ModuleList(QuantConv(c, chain[i], chain[i + 1], out_max=top) for i, c in enumerate(block.inner))
+        self.last = (
+            QuantConv(block.last, chain[n], None, 0)
+            if final
+            else QuantConv(block.last, chain[n], chain[n + 1], out_max=top)
+        )
         self.downsample = None
         if block.downsample is not None:  # signed: zero point 128, or fp32 where the block sums in fp32
             short = None if final else max(peaks[n + 2], 1e-6) / 127
@@ -197,7 +247,7 @@ class QuantBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: the previous block's uint8 output, or fp32; the kernel adds into its accumulator in place, so a
         uint8 ``x`` is consumed (a block's input is used by nothing after it)."""
-        qx = x if x.dtype == torch.uint8 else quantize_u8(x, self.in_scale, plain=self.plain)
+        qx = x if x.dtype == torch.uint8 else quantize_u8(x, self.in_scale, plain=self.plain, ceiling=self.ceiling)
         h = qx
         for conv in self.inner:
             h = conv(h)
@@ -269,10 +319,13 @@ def calibrate_resnet(backbone: nn.Module, batches) -> list[list[float]]:
     return peaks
 
 
-def quantize_resnet(backbone: nn.Module, peaks: list[list[float]], pixel_peak: float | None = None) -> int:
+def quantize_resnet(
+    backbone: nn.Module, peaks: list[list[float]], pixel_peak: float | None = None, ceiling: int | None = None
+) -> int:
     """Replace, in place, every block of a fused fp32 ResNet with its static int8 :class:`QuantBlock`, from the
     activation peaks :func:`calibrate_resnet` returned. The last block returns fp32. With ``pixel_peak`` (the
-    largest magnitude of a normalised pixel), the fused stem and its max-pool too (:class:`QuantStem`).
+    largest magnitude of a normalised pixel), the fused stem and its max-pool too (:class:`QuantStem`). ``ceiling``:
+    the largest code a convolution reads, :func:`code_ceiling` by default (127 runs on every CPU; 255 needs VNNI).
 
     Returns:
         how many convolutions now run in int8 (0 where this torch build lacks the kernels: nothing changes).
@@ -282,18 +335,21 @@ def quantize_resnet(backbone: nn.Module, peaks: list[list[float]], pixel_peak: f
         raise ValueError(f"{len(peaks)} calibrated blocks for a ResNet of {len(blocks)}")
     if not qconv_available():
         return 0
+    ceiling = code_ceiling() if ceiling is None else ceiling
+    if ceiling not in (127, 255):
+        raise ValueError(f"ceiling {ceiling}: 255 (8-bit codes, VNNI) or 127 (7-bit)")
     quantised = 0
     stem, pool = getattr(backbone, "conv1", None), getattr(backbone, "maxpool", None)
     stem_ok = isinstance(stem, FusedConv) and stem.relu and isinstance(pool, nn.MaxPool2d)
     if pixel_peak is not None and stem_ok and _stem_available(int8_kernels() == "plain"):
-        backbone.conv1, backbone.maxpool = QuantStem(stem, pool, pixel_peak, peaks[0][0]), nn.Identity()
+        backbone.conv1, backbone.maxpool = QuantStem(stem, pool, pixel_peak, peaks[0][0], ceiling), nn.Identity()
         quantised += 1
     index = 0
     for layer in backbone.children():
         if not isinstance(layer, nn.Sequential):
             continue
         for j, block in enumerate(layer):
-            layer[j] = QuantBlock(block, peaks[index], final=index == len(blocks) - 1)
+            layer[j] = QuantBlock(block, peaks[index], final=index == len(blocks) - 1, ceiling=ceiling)
             quantised += len(block.inner) + 1 + (block.downsample is not None)
             index += 1
     return quantised
@@ -301,9 +357,7 @@ def quantize_resnet(backbone: nn.Module, peaks: list[list[float]], pixel_peak: f
 
 def qconv_available() -> bool:
     """Whether this torch build has oneDNN's quantised convolution kernels and they match a float convolution of
-    the same int8 codes (checked once on tiny tensors). Not on a CPU without VNNI (AVX2 only), where oneDNN halves
-    the weights to keep its int16 sums from saturating: 9% off the float convolution there (session 38), so a
-    calibrated grid runs in fp32 on such a CPU."""
+    the same int8 codes, at most :func:`code_ceiling` (checked once on tiny tensors)."""
     global _QCONV_OK
     if _QCONV_OK is None:
         try:
@@ -311,11 +365,11 @@ def qconv_available() -> bool:
             conv = nn.Conv2d(8, 8, 3, padding=1).eval()
             fused = FusedConv(conv, relu=True)
             x = torch.rand(2, 8, 5, 5, generator=g).contiguous(memory_format=torch.channels_last)
-            scale = 1 / 255
+            scale = 1 / code_ceiling()
             q = QuantConv(fused, scale, None)
             with torch.inference_mode(), torch.autocast("cpu", enabled=False):
                 dequant_w = q.codes.float() * q.w_scales[:, None, None, None]
-                codes = quantize_u8(x, scale, plain=True)  # the convolution is checked, not the quantisation
+                codes = quantize_u8(x, scale, plain=True, ceiling=code_ceiling())  # the convolution is checked
                 ref = torch.relu(nn.functional.conv2d(codes.float() * scale, dequant_w, conv.bias, padding=1))
                 _QCONV_OK = bool(torch.allclose(q(codes), ref, atol=1e-4))
         except (AttributeError, RuntimeError):

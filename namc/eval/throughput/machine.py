@@ -16,7 +16,7 @@ import torch
 from namc.eval.throughput.settings import THREADING_ENV
 from namc.eval.throughput.timing import summarize, time_calls
 from namc.models import onednn
-from namc.models.qlinear import int8_kernels
+from namc.models.qlinear import full_range, int8_kernels
 from namc.runtime import allocator_settings
 
 __all__ = ["describe_machine", "measure_matmul"]
@@ -72,6 +72,11 @@ def describe_machine(device: torch.device) -> dict[str, Any]:
         "mkl": torch.backends.mkl.is_available(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "int8_kernels": int8_kernels(),
+        "cpu_kernels": {
+            "capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_bf16": onednn.bf16_supported(),
+            "int8_activation_bits": 8 if full_range() else 7,
+        },
         "device": str(device),
         "gpu": _gpu(device),
         "allocator": allocator_settings(),

@@ -28,12 +28,13 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 9  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+SCHEMA_VERSION = 10  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
 # settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
 # 7: required peer.linear_maps (the peer converted as namc: reports of 6 and before timed a less converted peer)
 # 8: required model.part_precisions in place of model.grid_precision (a bf16 copy keeps small parts in fp32)
-# 9: peer.linear_maps onednn_fp32_prepacked (namc's fp32 decoding and the fp32 peer on reordered weights)
+# 9: peer.linear_maps onednn_fp32_prepacked (namc's fp32 decoding and the fp32 peer on reordered weights). 10:
+# required machine.cpu_kernels (two CPUs both called "AMD EPYC" ran bf16 and int8 on different kernels)
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -129,9 +130,7 @@ _SETTINGS = {
     "train_batch_size": _field("integer", "pairs per training step (0: no training measurement)", minimum=0),
     "train_steps": _field("integer", "timed training steps", minimum=1),
     "train_warmup": _field("integer", "untimed training steps", minimum=0),
-    "train_vqgan": _field(
-        "boolean", "the VQGAN tokenizer ran inside each pre-training step (false: precomputed codes)"
-    ),
+    "train_vqgan": _field("boolean", "the VQGAN tokenizer ran in each pre-training step (false: precomputed codes)"),
     "seed": _field("integer", "seed of the synthetic inputs"),
 }
 
@@ -141,6 +140,11 @@ _GPU = {
     "memory_bytes": _field("integer", "GPU memory"),
     "count": _field("integer", "`torch.cuda.device_count()`"),
     "cuda_version": _field(["string", "null"], "`torch.version.cuda`"),
+}
+_CPU_KERNELS = {
+    "capability": _field("string", "`torch.backends.cpu.get_cpu_capability()`: `AVX2`, `AVX512`, ..."),
+    "onednn_bf16": _field("boolean", "oneDNN runs bf16 (`namc.models.onednn.bf16_supported`), else bf16 runs fp32"),
+    "int8_activation_bits": _enum([7, 8], "8 with VNNI (`namc.models.qlinear.full_range`), else 7"),
 }
 _MACHINE = {
     "env": {
@@ -174,6 +178,7 @@ _MACHINE = {
         "plain int8 / uint8 tensors into oneDNN's int8 linear (a torch without quantised dtypes, or "
         "`NAMC_INT8_KERNELS=plain`)",
     ),
+    "cpu_kernels": _object(_CPU_KERNELS, "what this CPU's kernels can do, which decides what bf16 and int8 run"),
     "device": _field("string", "the measured device"),
     "gpu": _object(_GPU, "the GPU of CUDA runs, else null", nullable=True),
     "allocator": _object(
@@ -182,9 +187,8 @@ _MACHINE = {
             "ld_preload": _field(["string", "null"], "`LD_PRELOAD` (an allocator preloaded there rules instead)"),
             "reuse_freed_memory": _field(
                 "boolean",
-                "glibc's malloc kept freed memory for reuse (`namc.runtime.reuse_freed_memory`, `namc benchmark "
-                "--allocator reuse`): namc_base's batch-32 int8 captioning ran up to 1.3x faster with it alone in a "
-                "process",
+                "glibc's malloc kept freed memory for reuse (`namc.runtime.reuse_freed_memory`, `--allocator reuse`): "
+                "namc_base's batch-32 int8 captioning ran up to 1.3x faster with it alone in a process",
             ),
         },
         "the C allocator the run's tensors came from",
@@ -342,9 +346,7 @@ _TRAINING = {
         "built without the pre-training modules)",
     ),
     "batch_size": _field("integer", "pairs per step", minimum=1),
-    "vqgan_in_step": _field(
-        "boolean", "the VQGAN tokenizer ran in the step (false: the batch carries precomputed codes)"
-    ),
+    "vqgan_in_step": _field("boolean", "the VQGAN tokenizer ran in the step (false: precomputed codes)"),
     "autocast_dtype": _field(
         ["string", "null"], "`float16` / `bfloat16` under `torch.autocast` (fp32 weights, Adam), null in float32"
     ),
@@ -352,9 +354,7 @@ _TRAINING = {
     "steps_per_s": _ref("stats", "steps per second"),
     "pairs_per_s": _ref("stats", "image pairs per second"),
     "peak_memory": _ref("memory", "peak memory of one step"),
-    "pretrain_estimate": _object(
-        _ESTIMATE, "`pretrain` only: the paper's pre-training run on this device", nullable=True
-    ),
+    "pretrain_estimate": _object(_ESTIMATE, "`pretrain` only: the paper's pre-training on this device", nullable=True),
 }
 
 _PAPER_ROW = {
