@@ -277,7 +277,7 @@ def test_omp_wait_policy_reruns_in_a_child_process(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("precision", "grid"), [("bf16", "bf16"), ("int8", "int8"), ("int8", "fp32")])
-def test_low_precision_run(tmp_path, precision, grid):
+def test_low_precision_run(tmp_path, capsys, precision, grid):
     """A bf16 / int8 run: namc's precision copy decodes, the matmul reference is measured in that precision; int8's
     grid is static int8 (calibrated on the synthetic images) unless ``--int8-grid fp32``."""
     out = tmp_path / "low.json"
@@ -298,6 +298,11 @@ def test_low_precision_run(tmp_path, precision, grid):
     assert report["matmul"]["dtype"] == matmul
     assert report["machine"]["int8_kernels"] == int8_kernels()  # the kernels its int8 layers ran on
     assert all(e["tokens_per_call"] == 10 for e in report["inference"])
+    machine = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("machine: "))
+    assert f"({torch.backends.cpu.get_cpu_capability()})" in machine
+    if precision == "int8":
+        assert f"({8 if full_range() else 7}-bit activations)" in machine
+    assert ("no oneDNN bf16 here" in machine) is (precision == "bf16" and not BF16)
 
 
 def test_int8_grid_of_a_calibrated_model(tmp_path):

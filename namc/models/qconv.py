@@ -56,7 +56,7 @@ _QPOOL_OK: bool | None = None
 def code_ceiling() -> int:
     """The largest uint8 code a static int8 convolution of this CPU may read: 255 with VNNI (int32 sums); 127
     without (AVX2, AVX-512 before Cascade Lake), where oneDNN's kernel adds pairs of uint8 x int8 products in int16 and
-    saturates past it (measured on an AVX2 EPYC: 8-bit codes 14-24 output steps off the float convolution of the same
+    saturates past it (measured on an AVX2 EPYC: 8-bit codes 12-24 output steps off the float convolution of the same
     codes, 7-bit codes within half a step, in oneDNN's, FBGEMM's and the x86 engine's kernels alike)."""
     return 255 if full_range() else 127
 

@@ -107,14 +107,17 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
     if m["load_average"]:
         load = f", load average {m['load_average'][0]:.2f} -> {report['load_average_end'][0]:.2f}"
     mm = report["matmul"]
+    bits = m["cpu_kernels"]["int8_activation_bits"]
     backs = ", ".join(f"{k} {v['median'] / 1e9:.1f}" for k, v in mm["backends"].items())
     return [
         f"namc benchmark  model={mdl['name']} ({mdl['source']})  device={m['device']}  dtype={s['dtype']}  "
         f"precision={s['precision']} ({_parts(mdl, s['precision'])})  compile={s['compile']}  "
         f"static_decode={s['static_decode']}  shortlist={_shortlist(mdl['shortlist'])}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
-        f"machine: {m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch_version']}"
-        + (f", int8 kernels {m['int8_kernels']}" if s["precision"] == "int8" else "")
+        f"machine: {m['cpu_model']} ({m['cpu_kernels']['capability']}), {m['usable_cpus']} usable CPUs, "
+        f"torch {m['torch_version']}"
+        + (f", int8 kernels {m['int8_kernels']} ({bits}-bit activations)" if s["precision"] == "int8" else "")
+        + (", no oneDNN bf16 here" if s["precision"] == "bf16" and not m["cpu_kernels"]["onednn_bf16"] else "")
         + (f", GPU {m['gpu']['name']}" if m["gpu"] else "")
         + load,
         f"parameters: total {p['total'] / 1e6:.1f}M, inference {p['inference'] / 1e6:.1f}M "
