@@ -231,13 +231,10 @@ class QuantBlock(nn.Module):
         self.ceiling = code_ceiling() if ceiling is None else ceiling
         chain = [max(p, 1e-6) / self.ceiling for p in peaks[: n + 2]]  # input, inner outputs, block output
         self.in_scale = chain[0]
-        top = self.ceiling
+        top = self.ceiling  # every uint8 output here is read by a convolution
         self.inner = nn.ModuleList(QuantConv(c, chain[i], chain[i + 1], out_max=top) for i, c in enumerate(block.inner))
-        self.last = (
-            QuantConv(block.last, chain[n], None, 0)
-            if final
-            else QuantConv(block.last, chain[n], chain[n + 1], out_max=top)
-        )
+        out = {"out_scale": None} if final else {"out_scale": chain[n + 1], "out_max": top}
+        self.last = QuantConv(block.last, chain[n], **out)
         self.downsample = None
         if block.downsample is not None:  # signed: zero point 128, or fp32 where the block sums in fp32
             short = None if final else max(peaks[n + 2], 1e-6) / 127
