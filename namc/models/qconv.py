@@ -61,6 +61,14 @@ def code_ceiling() -> int:
     return 255 if full_range() else 127
 
 
+def _ceiling(ceiling: int | None) -> int:
+    """``ceiling``, or :func:`code_ceiling` for None; 255 or 127 only."""
+    ceiling = code_ceiling() if ceiling is None else ceiling
+    if ceiling not in (127, 255):
+        raise ValueError(f"ceiling {ceiling}: 255 (8-bit codes, VNNI) or 127 (7-bit)")
+    return ceiling
+
+
 def quantize_u8(
     x: torch.Tensor, scale: float, zero_point: int = 0, plain: bool = False, ceiling: int = 255
 ) -> torch.Tensor:
@@ -166,7 +174,7 @@ class QuantStem(nn.Module):
         self, conv: FusedConv, pool: nn.MaxPool2d, in_peak: float, out_peak: float, ceiling: int | None = None
     ) -> None:
         super().__init__()
-        self.ceiling = code_ceiling() if ceiling is None else ceiling
+        self.ceiling = _ceiling(ceiling)
         half = (self.ceiling + 1) // 2  # the signed pixels' zero point
         in_scale, out_scale = max(in_peak, 1e-6) / (half - 1), max(out_peak, 1e-6) / self.ceiling
         self.conv = QuantConv(conv, in_scale, out_scale, in_zero=half, out_max=self.ceiling)
@@ -215,11 +223,10 @@ class QuantBlock(nn.Module):
     Args:
         block: the fused fp32 block.
         peaks: what :func:`calibrate_resnet` saw for it: the largest input, output of each inner convolution and
-            block output (uint8 scales ``peak / 255``), then, with a downsampling shortcut, its largest magnitude
+            block output (uint8 scales ``peak / ceiling``), then, with a downsampling shortcut, its largest magnitude
             (a signed uint8 of zero point 128, scale ``peak / 127``).
         final: return fp32 (the grid's last block) instead of uint8.
-        ceiling: the largest code a convolution reads (:func:`code_ceiling` by default): the scales of the input,
-            inner outputs and block output are ``peak / ceiling``.
+        ceiling: the largest code a convolution reads (:func:`code_ceiling` by default).
     """
 
     def __init__(self, block: FusedBlock, peaks: list[float], final: bool = False, ceiling: int | None = None) -> None:
@@ -228,7 +235,7 @@ class QuantBlock(nn.Module):
         expected = n + 2 + (block.downsample is not None)
         if len(peaks) != expected:
             raise ValueError(f"expected {expected} peaks for this block, got {len(peaks)}")
-        self.ceiling = code_ceiling() if ceiling is None else ceiling
+        self.ceiling = _ceiling(ceiling)
         chain = [max(p, 1e-6) / self.ceiling for p in peaks[: n + 2]]  # input, inner outputs, block output
         self.in_scale = chain[0]
         top = self.ceiling  # every uint8 output here is read by a convolution
@@ -332,9 +339,7 @@ def quantize_resnet(
         raise ValueError(f"{len(peaks)} calibrated blocks for a ResNet of {len(blocks)}")
     if not qconv_available():
         return 0
-    ceiling = code_ceiling() if ceiling is None else ceiling
-    if ceiling not in (127, 255):
-        raise ValueError(f"ceiling {ceiling}: 255 (8-bit codes, VNNI) or 127 (7-bit)")
+    ceiling = _ceiling(ceiling)
     quantised = 0
     stem, pool = getattr(backbone, "conv1", None), getattr(backbone, "maxpool", None)
     stem_ok = isinstance(stem, FusedConv) and stem.relu and isinstance(pool, nn.MaxPool2d)
@@ -362,11 +367,12 @@ def qconv_available() -> bool:
             conv = nn.Conv2d(8, 8, 3, padding=1).eval()
             fused = FusedConv(conv, relu=True)
             x = torch.rand(2, 8, 5, 5, generator=g).contiguous(memory_format=torch.channels_last)
-            scale = 1 / code_ceiling()
+            ceiling = code_ceiling()
+            scale = 1 / ceiling
             q = QuantConv(fused, scale, None)
             with torch.inference_mode(), torch.autocast("cpu", enabled=False):
                 dequant_w = q.codes.float() * q.w_scales[:, None, None, None]
-                codes = quantize_u8(x, scale, plain=True, ceiling=code_ceiling())  # the convolution is checked
+                codes = quantize_u8(x, scale, plain=True, ceiling=ceiling)  # the convolution is checked
                 ref = torch.relu(nn.functional.conv2d(codes.float() * scale, dequant_w, conv.bias, padding=1))
                 _QCONV_OK = bool(torch.allclose(q(codes), ref, atol=1e-4))
         except (AttributeError, RuntimeError):
