@@ -1,10 +1,14 @@
-"""FDG.compile_step's frozen step (namc.models.compiled_step) without compiling: what the compiled module holds, and
-when it is compiled again. Compiled generations are checked in test_decoding.py and test_precision.py (slow)."""
+"""FDG.compile_step's frozen step (namc.models.compiled_step) without inductor: what the compiled module holds, when
+it is compiled again, and how many graphs dynamo traces for it (through a backend that counts them and runs each
+graph as traced). Inductor's compiled generations are checked in test_decoding.py and test_precision.py (slow)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch import fx
 
 from namc.models import qlinear
 from namc.models.compiled_step import CompiledStep, FrozenStep, int8_layers
@@ -94,3 +98,56 @@ def test_unfrozen_step_is_compiled_once():
     assert step.for_generation(fdg.step_weights()) is fn
     assert step.options == {"dynamic": True}
     assert CompiledStep(fdg, options={"dynamic": False, "mode": "max-autotune"}).options["dynamic"] is False
+
+
+def _counting(graphs: list[fx.GraphModule]):
+    """A dynamo backend that keeps every graph it is given and runs it as traced."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    return backend
+
+
+def test_a_compiled_step_traces_batch_1_and_one_larger_batch():
+    """The graphs traced for batch 2 serve every larger batch: none is guarded to a size that a test in the step
+    took one side of (the GELU's size and parity tests had made odd batches, and batches over 32 rows of this
+    512-wide FFN, graphs of their own). The tokens are eager decoding's."""
+    torch.manual_seed(4)
+    fdg = FDG(FDGConfig(vocab_size=50, dim=128, heads=4, layers=1, max_len=16, eos_id=-1, dropout=0.0)).eval()
+    memory = torch.randn(40, 5, 128)
+    eager = {b: fdg.generate(memory[:b], 4) for b in (1, 2, 3, 8, 33, 40)}
+    graphs: list[fx.GraphModule] = []
+    fdg.compile_step(backend=_counting(graphs))
+    traced = []
+    try:
+        for b, expected in eager.items():
+            assert torch.equal(fdg.generate(memory[:b], 4), expected), b
+            traced.append(len(graphs))
+    finally:
+        fdg.uncompile_step()
+    assert 0 < traced[0] < traced[1] == traced[-1]  # batch 1, then batch 2 for every larger batch
+
+
+def test_a_frozen_step_compiles_again_for_every_version_of_its_weights():
+    """Dynamo counts graphs against its recompile limit per code object, dead ones included: each frozen step has a
+    ``forward`` of its own, so a new version of the weights is compiled however many came before it, rather than
+    run eagerly (with dynamo's limit of 8 and inductor's two graphs a version, the third version was eager; here the
+    limit is 2 and this backend traces one graph a version), and every version decodes as an uncompiled twin does."""
+    fdg = _fdg()
+    twin = copy.deepcopy(fdg)
+    memory = torch.randn(2, 5, 32)
+    graphs: list[fx.GraphModule] = []
+    fdg.compile_step(backend=_counting(graphs))
+    try:
+        with torch._dynamo.config.patch(recompile_limit=2):
+            for version in range(3):
+                before = len(graphs)
+                assert torch.equal(fdg.generate(memory, 3), twin.generate(memory, 3)), version
+                assert len(graphs) > before, version
+                with torch.no_grad():
+                    for model in (fdg, twin):
+                        model.blocks[0].ffn[3].weight.mul_(-1.0)
+    finally:
+        fdg.uncompile_step()

@@ -8,6 +8,8 @@ so greedy decoding ends each row at a different step (checked in ``test_rows_fin
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -323,8 +325,8 @@ def test_generate_rejects_more_tokens_than_positions():
 @pytest.mark.parametrize("freeze", [True, False])
 def test_compiled_step_equals_eager(one_thread, freeze):
     """torch.compile of the decoding step, its weights frozen into the compiled code or passed as inputs, before and
-    after a weight changes in place (a frozen step is compiled again). A C++ compiler is needed on CPU; each
-    compilation takes 5-15 s."""
+    after a weight changes in place (a frozen step is compiled again, and the first version's frozen weights are
+    freed). A C++ compiler is needed on CPU; each compilation takes 5-15 s."""
     torch.manual_seed(6)
     fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
     memory = torch.randn(3, 9, 32)
@@ -338,8 +340,16 @@ def test_compiled_step_equals_eager(one_thread, freeze):
     fdg.compile_step(freeze=freeze)
     try:
         assert torch.equal(fdg.generate(memory, 6), eager)
+        # a frozen graph's constants (FDG's parameters, and copies of the matrices laid out) live in inductor's
+        # module, which inductor keeps for the rest of the process unless the step lets it go when they change
+        modules = fdg.__dict__["_compiled_step"]._modules
+        copies = [weakref.ref(v) for m in modules for v in vars(m).values()
+                  if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]  # fmt: skip
+        assert bool(copies) == freeze
         with torch.no_grad():
             fdg.blocks[0].ffn[3].weight.copy_(new_weight)
         assert torch.equal(fdg.generate(memory, 6), eager_changed)
+        gc.collect()
+        assert all(c() is None for c in copies)
     finally:
         fdg.uncompile_step()

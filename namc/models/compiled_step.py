@@ -31,16 +31,29 @@ Frozen weights are copies laid out at compile time (namc_base's fp32 step at bat
 by about 500 MB), so :class:`CompiledStep` fingerprints FDG's parameters before every generation and compiles again
 when one of them was replaced or changed in place (an optimiser step, ``load_state_dict``, ``.to()``) or
 :meth:`~namc.models.fdg.FDG.pack_step` ran again.
+
+A step compiles four graphs at most: batch 1 and any larger batch (``dynamic=True`` specialises sizes 0 and 1), each
+for the first token (an empty cache) and the rest. Nothing in the step tests a size while it is traced (the thread
+and kernel choices by size in :mod:`namc.models.threads` and :mod:`namc.models.layers` stand aside under
+``torch.compiler.is_compiling()``): each such test had guarded the graph to one side of it (odd batch sizes, more
+than 32 rows of a 512-wide FFN), so that a process captioning batches of many sizes compiled again and again. Dynamo
+keeps compiled graphs, and counts them against ``torch._dynamo.config.recompile_limit`` (8), per code object, dead
+ones included; with one ``forward`` for every :class:`FrozenStep` the third version of the weights ran its step
+eagerly for the rest of the process, with a warning. Each :class:`FrozenStep` now has a ``forward`` of its own.
 """
 
 from __future__ import annotations
 
+import sys
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch._inductor.config as inductor_config
 from torch import nn
+from torch._inductor.codecache import PyCodeCache
 
 from namc.models.precision import _fingerprint
 
@@ -69,6 +82,11 @@ class FrozenStep(nn.Module):
 
     def __init__(self, fdg: nn.Module, weights: list) -> None:
         super().__init__()
+        # a code object of its own: dynamo's graphs and recompile limit are per code object (module docstring)
+        plain = FrozenStep.forward
+        self.forward = types.MethodType(
+            types.FunctionType(plain.__code__.replace(), plain.__globals__, plain.__name__, plain.__defaults__), self
+        )
         self.fdg = fdg
         self._layout = type(weights[0])  # fdg._StepWeights
         for i, w in enumerate(weights):
@@ -106,6 +124,8 @@ class CompiledStep:
         self.options = {"dynamic": True} | (options or {})
         self._compiled: Callable[..., torch.Tensor] | None = None
         self._key: tuple | None = None
+        self._modules: list = []  # inductor's modules of the frozen graphs of these weights (_frozen)
+        weakref.finalize(self, _release, self._modules)
 
     def for_generation(self, fused: list) -> Callable[..., torch.Tensor]:
         """The step for the next generation, with FDG's step signature ``(tokens, position, caches, cross_kv,
@@ -121,14 +141,33 @@ class CompiledStep:
         # pack_step replaces the matrices; a shortlist (namc.models.shortlist) replaces the vocabulary's
         key = _fingerprint(self.fdg) + (id(getattr(self.fdg, "_packed_step", None)), id(fused[-1].vocab[0]))
         if key != self._key:
+            _release(self._modules)
             self._compiled = torch.compile(FrozenStep(self.fdg, fused), **self.options)
             self._key = key
         return self._frozen
 
     def _frozen(self, tokens, position, caches, cross_kv, memory_mask, fused) -> torch.Tensor:
+        loaded = len(PyCodeCache.modules)
         # freezing is read when inductor compiles, which happens lazily in any call (a recompilation too)
         with inductor_config.patch(freezing=True):
-            return self._compiled(tokens, position, caches, cross_kv, memory_mask)
+            logits = self._compiled(tokens, position, caches, cross_kv, memory_mask)
+        self._modules.extend(PyCodeCache.modules[loaded:])  # what this call compiled, if anything
+        return logits
+
+
+def _release(modules: list) -> None:
+    """Take a compiled step's graphs out of inductor's module cache, then forget them. A frozen graph's module holds
+    its constants (copies of the weights, laid out), and inductor keeps every module it loaded with constants for the
+    rest of the process: without this, each version of the weights a step compiled for stayed in memory (namc_base's
+    fp32 step at batch 2, two graphs: the process grew by 470-481 MB a version; with it by 146-148 MB, then 31-35 and
+    20, resident after ``gc.collect()``). The cache only lends modules to new compilations; a graph keeps its own."""
+    if modules:
+        own = {id(m) for m in modules}
+        PyCodeCache.modules[:] = [m for m in PyCodeCache.modules if id(m) not in own]
+        for m in modules:  # inductor registers each module it loads in sys.modules too
+            if sys.modules.get(m.__name__) is m:
+                del sys.modules[m.__name__]
+        modules.clear()
 
 
 def _refuse_int8(weights: list) -> None:

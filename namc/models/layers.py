@@ -106,8 +106,14 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
     196, spinning     134 / 71  262 / 89  551 / 152 1132 / 229
     ================  ========  ========  ========  ==========
 
-    fp32 keeps the fused kernel at every size (bit for bit the module path's attention)."""
-    if k.is_cpu and k.dtype != torch.float32 and 4.0 * q.numel() * k.shape[-2] >= ONE_QUERY_FUSED_FLOPS:
+    fp32 keeps the fused kernel at every size (bit for bit the module path's attention), and so does a step being
+    compiled (:mod:`namc.models.compiled_step`)."""
+    if (
+        k.is_cpu
+        and k.dtype != torch.float32
+        and not torch.compiler.is_compiling()  # a graph would be guarded to each side of the threshold
+        and 4.0 * q.numel() * k.shape[-2] >= ONE_QUERY_FUSED_FLOPS
+    ):
         return attend_sized(attend_one, q, k, v, mask)
     return attend_sized(F.scaled_dot_product_attention, q, k, v, mask)
 
@@ -210,7 +216,13 @@ class GELU(nn.GELU):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return super().forward(x)
-        if x.is_cpu and x.is_contiguous() and 1 < x.numel() <= self.SERIAL_NUMEL and x.numel() % 2 == 0:
+        if (
+            x.is_cpu
+            and not torch.compiler.is_compiling()  # a graph would be guarded to each side of these size tests
+            and x.is_contiguous()
+            and 1 < x.numel() <= self.SERIAL_NUMEL
+            and x.numel() % 2 == 0
+        ):
             torch.ops.aten.gelu_(x.view(2, -1).t(), approximate=self.approximate)  # not contiguous: ATen's kernel
             return x
         if x.is_cpu:  # oneDNN's kernel, on one thread where it is small (threads.SERIAL_ELEMENTS)
