@@ -5,11 +5,13 @@ By default the step's weights are *frozen* into the compiled code: they are buff
 as constants. On a CPU inductor then lays every matrix out once for oneDNN and fuses each residual addition into its
 product; with the weights as inputs of the graph every product is a plain BLAS call, slower than eager decoding's
 oneDNN kernel from 8 rows up. namc_base's decoding, the frozen step compiled against eager (23 tokens, random weights,
-two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``, one process alternating; docs/throughput.md, sessions 24 and 37):
+two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``, one process alternating; docs/throughput.md, sessions 24, 37 and
+40; the last on an EPYC with AVX2 only, where bf16 runs as fp32):
 
 ===================================  ===========  ===========  ===========  ===========  ===========  ===========
 compiled / eager                     fp32, b 1    fp32, b 8    fp32, b 32   bf16, b 1    bf16, b 8    bf16, b 32
 ===================================  ===========  ===========  ===========  ===========  ===========  ===========
+AVX2 EPYC (9ef3aea), one run         0.98x        0.96x        1.01x
 eager reordered (abbc8e5), one run   1.02x        0.96x        1.15x
 session 37 (86db03a), two runs       0.84-0.88x   1.11-1.18x   1.13-1.18x   0.94-0.97x   0.93-0.96x   0.97-1.05x
 session 24 (3abe18f), two runs       1.38-1.52x                1.14-1.15x   0.97-1.02x                1.02-1.05x
