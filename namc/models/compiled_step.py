@@ -11,7 +11,7 @@ two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``, one process alternating; docs
 ===================================  ===========  ===========  ===========  ===========  ===========  ===========
 compiled / eager                     fp32, b 1    fp32, b 8    fp32, b 32   bf16, b 1    bf16, b 8    bf16, b 32
 ===================================  ===========  ===========  ===========  ===========  ===========  ===========
-AVX2 EPYC (9ef3aea), one run         0.98x        0.96x        1.01x
+AVX2 EPYC (547ba9c), one run         0.98x        0.96x        1.01x
 eager reordered (abbc8e5), one run   1.02x        0.96x        1.15x
 session 37 (86db03a), two runs       0.84-0.88x   1.11-1.18x   1.13-1.18x   0.94-0.97x   0.93-0.96x   0.97-1.05x
 session 24 (3abe18f), two runs       1.38-1.52x                1.14-1.15x   0.97-1.02x                1.02-1.05x
