@@ -151,3 +151,21 @@ def test_a_frozen_step_compiles_again_for_every_version_of_its_weights():
                         model.blocks[0].ffn[3].weight.mul_(-1.0)
     finally:
         fdg.uncompile_step()
+
+
+def test_unfrozen_steps_of_like_fdgs_share_their_graphs():
+    """With the weights as inputs, one traced graph serves every FDG of the same shape (their steps share
+    ``FDG._fused_step``'s code object), each decoding with its own weights."""
+    memory = torch.randn(2, 5, 32)
+    graphs: list[fx.GraphModule] = []
+    backend = _counting(graphs)  # one backend, as inductor's wrappers of the same options compare equal
+    for seed in range(3):
+        torch.manual_seed(seed)
+        fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=16, eos_id=-1, dropout=0.0)).eval()
+        eager = fdg.generate(memory, 3)
+        fdg.compile_step(freeze=False, backend=backend)
+        try:
+            assert torch.equal(fdg.generate(memory, 3), eager), seed
+        finally:
+            fdg.uncompile_step()
+    assert len(graphs) == 1

@@ -41,7 +41,8 @@ and kernel choices by size in :mod:`namc.models.threads` and :mod:`namc.models.l
 than 32 rows of a 512-wide FFN), so that a process captioning batches of many sizes compiled again and again. Dynamo
 keeps compiled graphs, and counts them against ``torch._dynamo.config.recompile_limit`` (8), per code object, dead
 ones included; with one ``forward`` for every :class:`FrozenStep` the third version of the weights ran its step
-eagerly for the rest of the process, with a warning. Each :class:`FrozenStep` now has a ``forward`` of its own.
+eagerly for the rest of the process, with a warning. Each :class:`FrozenStep` now has a ``forward`` of its own
+(unfrozen steps share ``FDG._fused_step`` and its graphs: their weights are inputs).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class CompiledStep:
         _refuse_int8(fused)
         if not self.freeze:
             if self._compiled is None:
-                self._compiled = torch.compile(self.fdg._fused_step, **self.options)
+                self._compiled = torch.compile(self.fdg._fused_step, **self.options)  # one graph for every FDG alike
             return self._compiled
         # pack_step replaces the matrices; a shortlist (namc.models.shortlist) replaces the vocabulary's
         key = _fingerprint(self.fdg) + (id(getattr(self.fdg, "_packed_step", None)), id(fused[-1].vocab[0]))
