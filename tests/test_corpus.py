@@ -101,6 +101,28 @@ def test_pack_round_trip_matches_manifest(tmp_path: Path) -> None:
     assert CorpusDataset(tmp_path / "shards").count() == 25
 
 
+def test_manifest_of_image_references_and_duplicate_ids_streams_as_its_shards(tmp_path: Path) -> None:
+    """A curated manifest names images as ``SHARD.tar::MEMBER`` references and may reuse an id: streamed directly,
+    it gives the samples and the counts that packing it gives."""
+    manifest = _corpus(tmp_path, 6)
+    recs = _lines(manifest)
+    with tarfile.open(manifest.parent / "images.tar", "w") as tar:
+        for r in recs[:3]:
+            tar.add(manifest.parent / r["image1"], arcname=f"a/{r['id']}.png")
+            r["image1"] = f"images.tar::a/{r['id']}.png"
+    recs.append({**recs[1], "description": GOOD.format("a blue cube")})  # the id of line 2 again, off its labels
+    recs.append({**recs[2]})  # the id of line 3 again
+    _write(manifest, recs)
+    report = pack_corpus(manifest, tmp_path / "shards", shard_size=4, progress=False)
+    stream = CorpusDataset(manifest, 32)
+    direct, packed = list(stream), list(CorpusDataset(tmp_path / "shards", 32))
+    assert [s["id"] for s in direct] == [s["id"] for s in packed] == [r["id"] for r in recs[:6]]
+    for a, b in zip(direct, packed):
+        assert torch.equal(a["image1"], b["image1"]) and a["description"] == b["description"]
+    assert stream.issues.counts == report.rejected == {"malformed_line": 1, "duplicate_id": 1}
+    assert stream.issues.seen == 8
+
+
 def test_pack_is_resumable(tmp_path: Path) -> None:
     manifest = _corpus(tmp_path, 25)
     out = tmp_path / "shards"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
 
 from namc.data.collate import SkipNone
 from namc.data.idc import (
@@ -224,6 +225,11 @@ def test_missing_and_corrupt_images(tmp_path: Path) -> None:
     assert ds.issues.counts == {"missing_image": 1, "corrupt_image": 1}
     batch = SkipNone(list)([ds[corrupt], ds[0]])  # the datamodules' collate wrapper around a plain list
     assert [b["id"] for b in batch] == ["000000.png"]
+    # counts are per item, whichever worker reads it and however many epochs: 2 of the 8 items, not 2 + 3 x 1
+    loader = DataLoader(ds, batch_size=3, shuffle=True, num_workers=2, collate_fn=SkipNone(list))
+    for _ in range(3):
+        assert sum(len(batch) for batch in loader) == 6
+    assert ds.issues.counts == {"missing_image": 1, "corrupt_image": 1} and ds.issues.seen == 8
     strict = ClevrChange(tmp_path, "train", 16, on_error="raise")
     with pytest.raises(OSError, match="CLEVR_nonsemantic_000002.png|000002.png_n"):
         strict[corrupt]
@@ -243,11 +249,13 @@ def test_image_cache_reads_each_file_once_and_never_caches_failures(tmp_path: Pa
     assert torch.equal(again["image1"], first[3]["image1"]) and torch.equal(again["image2"], first[3]["image2"])
     again["image1"].zero_()  # each read is a fresh tensor: changing one does not change the cache
     assert torch.equal(cached[3]["image1"], first[3]["image1"])
-    assert plain[3] is None and plain.issues.counts == {"corrupt_image": 1}
+    assert plain.issues.ok == len(plain)
+    assert plain[3] is None and plain.issues.counts == {"corrupt_image": 1}  # read well, now corrupt: moved
+    assert plain.issues.ok == len(plain) - 1
 
-    fresh = ClevrChange(tmp_path, "train", 16).enable_image_cache()  # corrupt files: skipped and counted each time
+    fresh = ClevrChange(tmp_path, "train", 16).enable_image_cache()  # corrupt files: skipped at every read
     assert fresh[0] is None and fresh[0] is None
-    assert fresh.issues.counts == {"corrupt_image": 2}
+    assert fresh.issues.counts == {"corrupt_image": 1}  # and counted once: one item
     with pytest.raises(ValueError, match="num_workers: 0 with cache_images"):
         BenchmarkDataModule("clevr_change", str(tmp_path), num_workers=2, cache_images=True)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from namc.data.pairs import PairListDataset
+from namc.data.pairs import PairListDataset, read_pair_list
 from namc.data.synthetic import generate_benchmark, generate_corpus, render_scene
 from namc.eval.noise import auroc, noise_auroc
 from namc.eval.plots import plot_relevance
@@ -375,6 +375,10 @@ def test_pair_list_errors_name_file_and_line(tmp_path) -> None:
     missing.write_text("a.png nope.png\n")
     with pytest.raises(FileNotFoundError, match=r"missing.txt:1.*nope.png"):
         PairListDataset(missing)
+    render_scene([], 64).save(tmp_path / "shot#1.png")  # a "#" inside a name is part of it; after a blank, a comment
+    listed = tmp_path / "listed.txt"
+    listed.write_text("# before after\nshot#1.png\ta.png  # note\n  # indented\na.png shot#1.png#x\n")
+    assert [p.written for p in read_pair_list(listed)] == [("shot#1.png", "a.png"), ("a.png", "shot#1.png#x")]
 
 
 # ------------------------------------------------------------------------------------------------ resume

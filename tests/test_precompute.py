@@ -3,6 +3,7 @@ corpus, used by pre-training instead of the frozen encoders (same losses), resum
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import torch
 
 from namc.data.collate import PretrainCollator
 from namc.data.corpus import CorpusDataset, pack_corpus
-from namc.data.corpus.targets import targets_path
+from namc.data.corpus.targets import read_targets, shard_stamp, targets_path
 from namc.data.synthetic import generate_corpus
 from namc.models import create_model
 from namc.models.io import save_safetensors
@@ -99,8 +100,8 @@ def test_precomputed_targets_equal_the_frozen_encoders_and_give_the_same_losses(
 
 
 def test_precompute_rerun_redoes_only_unfinished_shards(corpus: tuple[Path, Path, Path], tmp_path: Path) -> None:
-    """Targets cut before their json (arrays written, json not), stale (another shard size) or absent are redone;
-    finished ones are kept; the result is the bytes of an uninterrupted run."""
+    """Targets cut before their json (arrays written, json not), stale (another shard size, or another shard's
+    digest) or absent are redone; finished ones are kept; the result is the bytes of an uninterrupted run."""
     from namc.lit.precompute import main
 
     reference = _copy(corpus[0], tmp_path / "reference")
@@ -116,6 +117,11 @@ def test_precompute_rerun_redoes_only_unfinished_shards(corpus: tuple[Path, Path
             p.unlink()
     meta = targets_path(cut / "shard-000004.tar", "targets.json")
     meta.write_text(meta.read_text().replace('"shard_bytes": ', '"shard_bytes": 1'))  # made from another shard
+    meta = targets_path(cut / "shard-000002.tar", "targets.json")
+    digest = json.loads(meta.read_text())["shard_digest"]
+    assert len(digest) == 32
+    meta.write_text(meta.read_text().replace(digest, "0" * 32))  # another shard of the same size
+    assert read_targets(cut / "shard-000002.tar", 64) is None
     stamp = targets_path(cut / "shard-000000.tar", "codes.npy").stat().st_mtime_ns
     assert main(args) == 0
     assert _targets(cut) == _targets(reference)
@@ -209,7 +215,8 @@ def test_corpus_datamodule_feeds_precomputed_targets_so_the_frozen_encoders_neve
 
 
 def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path, Path, Path], tmp_path: Path) -> None:
-    """Targets made with other VQGAN weights, another codebook size or another ResNet are named before training."""
+    """Targets made with other VQGAN weights, another codebook size, another ResNet or at another image size are
+    named before training."""
     import lightning.pytorch as pl
 
     from namc.lit import PretrainModule
@@ -229,6 +236,7 @@ def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path
         ({**same, "grid_pretrained": str(other_grid)}, "grids made with weights"),
         # a random VQGAN (a weights file of another size is the strict loader's error): the codebook size counts
         ({"vqgan_n_embed": c.vqgan_n_embed // 2}, f"{c.vqgan_n_embed} codes, the model's has"),
+        ({**same, "image_size": 32}, "targets precomputed at 64 px, the model reads 32 px"),
     ]
     for overrides, message in cases:
         dm = CorpusDataModule(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48,
@@ -245,3 +253,42 @@ def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path
     module = PretrainModule("namc_tiny", overrides={"dim": 32, "heads": 2, "grid_pretrained": str(corpus[2])})
     pl.Trainer(accelerator="cpu", devices=1, fast_dev_run=1, logger=False, enable_progress_bar=False,
                enable_model_summary=False, default_root_dir=str(tmp_path)).fit(module, datamodule=dm)  # fmt: skip
+
+
+def test_repacking_a_shard_drops_its_targets_even_at_the_same_size(tmp_path: Path) -> None:
+    """Tar pads to 10,240-byte records, so a shard repacked from other images often keeps its size: its targets,
+    joined by key, would give each pair another pair's codes. Pack deletes them; targets of another shard of the same
+    size are ignored by their digest."""
+    from PIL import Image
+
+    desc = ("The difference between the two images is that the first image shows a red cube, while the second image "
+            "shows a blue cube.")  # fmt: skip
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "red.png")
+    Image.new("RGB", (8, 8), "blue").save(tmp_path / "blue.png")
+
+    def pack(first: str, second: str) -> Path:
+        rows = [{"id": "p0", "source": "s", "image1": first, "image2": second, "description": desc},
+                {"id": "p1", "source": "s", "image1": second, "image2": first, "description": desc}]  # fmt: skip
+        (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        pack_corpus(tmp_path / "m.jsonl", tmp_path / "shards", progress=False)
+        return tmp_path / "shards" / "shard-000000.tar"
+
+    def precompute(shard: Path) -> None:  # what `namc data precompute` writes, codes 0 for red and 1 for blue
+        np.save(targets_path(shard, "codes.npy"), np.array([[[0] * 4, [1] * 4], [[1] * 4, [0] * 4]], np.int16))
+        meta = {"keys": ["000000000", "000000001"], "skipped": [], "image_size": 8, "codes": {}, "grids": None}
+        targets_path(shard, "targets.json").write_text(json.dumps({**meta, **shard_stamp(shard)}))
+
+    shard = pack("red.png", "blue.png")
+    precompute(shard)
+    assert [it["codes1"].tolist() for it in CorpusDataset(tmp_path / "shards", 8)] == [[0] * 4, [1] * 4]
+    size, digest = shard.stat().st_size, shard_stamp(shard)["shard_digest"]
+    shard = pack("blue.png", "red.png")  # the pairs' images exchanged
+    assert shard.stat().st_size == size and shard_stamp(shard)["shard_digest"] != digest
+    assert not any(targets_path(shard, what).exists() for what in ("codes.npy", "targets.json"))
+    assert all(it["codes1"] is None for it in CorpusDataset(tmp_path / "shards", 8))
+
+    precompute(shard)  # over the new shard: used
+    assert [it["codes1"].tolist() for it in CorpusDataset(tmp_path / "shards", 8)] == [[0] * 4, [1] * 4]
+    side = shard.with_suffix(".json")  # another shard of the same size put in its place (its sidecar's digest)
+    side.write_text(side.read_text().replace(shard_stamp(shard)["shard_digest"], "f" * 32))
+    assert all(it["codes1"] is None for it in CorpusDataset(tmp_path / "shards", 8))

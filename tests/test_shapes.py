@@ -159,6 +159,18 @@ def test_noise_labels_point_at_exactly_the_injected_words() -> None:
     assert n_noise / n_phrases == pytest.approx(0.3, abs=0.04)
 
 
+def test_noise_never_fails_on_scenes_of_every_colour() -> None:
+    """With ``--max-objects 8`` an image can hold all 8 colours, leaving no colour to hallucinate an object in: such
+    a phrase becomes scenery (pair 450 of seed 0 at 7-8 objects used to raise IndexError)."""
+    full = 0
+    for i in range(460):
+        pair = make_pair(0, i, "corpus", min_objects=7, max_objects=8)
+        record, _ = corpus_record(pair, seed=0, noise_rate=0.5)
+        full += any(len({o.color for o in scene}) == len(COLORS) for scene in (pair.before, pair.after))
+        assert parse(record["description"])[1] == record["desc1"]
+    assert full > 0
+
+
 def test_noise_rate_zero_and_bounds() -> None:
     for i in range(20):
         record, stats = corpus_record(make_pair(0, i, "corpus"), seed=0, noise_rate=0.0)
@@ -238,3 +250,13 @@ def test_cli_shapes_and_pack(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "benchmark:" in printed and "packed 10 of 10 records" in printed
     with pytest.raises(SystemExit):
         main(["shapes"])  # --out is required
+    capsys.readouterr()
+    for argv, message in (
+        (["pack", str(tmp_path / "nope.jsonl"), str(tmp_path / "nope")], f"manifest not found: {tmp_path}"),
+        (["pack", str(out / "corpus" / "manifest.jsonl"), str(tmp_path / "nope"), "--shard-size", "0"], "positive"),
+        (["shapes", "--out", str(tmp_path / "nope"), "--min-objects", "5", "--max-objects", "3"], "min_objects"),
+    ):
+        assert main(argv) == 2  # one line, no traceback, nothing created
+        err = capsys.readouterr().err
+        assert err.startswith(f"namc data {argv[0]}: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "nope").exists()

@@ -88,6 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(importlib.import_module("namc.lit.precompute").main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (OSError, ValueError) as err:  # a missing or unreadable input, an impossible setting: one line
+        print(f"namc data {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "shapes":
         from namc.data.corpus import pack_corpus
         from namc.data.synthetic import generate_benchmark, generate_corpus

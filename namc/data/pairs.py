@@ -2,12 +2,15 @@
 FILE``.
 
 The list has one pair per line, the first ('before') image then the second, separated by a tab (paths may then hold
-spaces) or by whitespace. Paths are relative to the list file's folder (or absolute); blank lines and ``#`` comments
-are skipped. A line that is not UTF-8 or does not hold two paths is an error naming the file and the line.
+spaces) or by whitespace. Paths are relative to the list file's folder (or absolute); blank lines and comments are
+skipped: a comment runs from a ``#`` at the start of a line or after whitespace to the end of the line, as in YAML,
+so a ``#`` inside a name (``shot#1.png``) is part of the name. A line that is not UTF-8 or does not hold two paths
+is an error naming the file and the line.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,8 @@ from torch.utils.data import Dataset
 from namc.data.transforms import ImageTransform
 
 __all__ = ["ListedPair", "PairListDataset", "read_pair_list"]
+
+_COMMENT = re.compile(r"(?:^|(?<=\s))#")
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ def read_pair_list(path: str | Path) -> list[ListedPair]:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise ValueError(f"{path}:{number}: not UTF-8 text") from None
-            text = line.split("#", 1)[0].strip()
+            text = _COMMENT.split(line, maxsplit=1)[0].strip()
             if not text:
                 continue
             fields = [f.strip() for f in text.split("\t")] if "\t" in text else text.split()

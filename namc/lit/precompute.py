@@ -40,7 +40,7 @@ from namc.curate.features import atomic_save_npy
 from namc.data.corpus import CorpusDataset
 from namc.data.corpus.records import IMAGE_ERRORS, RecordError
 from namc.data.corpus.shards import iter_tar_groups, list_shards, shard_sizes
-from namc.data.corpus.targets import targets_path
+from namc.data.corpus.targets import made_from, shard_stamp, targets_path
 from namc.data.issues import DataIssues, IssueKind
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTransform, pixel_cap_arg
 from namc.lit.shardwise import ShardDataModule, ShardWriter, add_trainer_arguments, clean_temporaries, make_trainer
@@ -182,7 +182,7 @@ def _parts(args: argparse.Namespace) -> tuple[VQGANTokenizer, GridEncoder | None
 
 
 def _done(shard: Path, settings: dict[str, Any]) -> bool:
-    """Whether the shard has targets of these settings, made from a shard of its present size."""
+    """Whether the shard has targets of these settings, made from the shard as it is now."""
     path = targets_path(shard, "targets.json")
     if not path.is_file():
         return False
@@ -191,7 +191,7 @@ def _done(shard: Path, settings: dict[str, Any]) -> bool:
     except (OSError, json.JSONDecodeError):
         return False
     same = all(meta.get(k) == v for k, v in settings.items())
-    return same and meta.get("shard_bytes") == shard.stat().st_size
+    return same and made_from(meta, shard_stamp(shard))
 
 
 class PrecomputeJob:
@@ -223,7 +223,7 @@ class PrecomputeJob:
             atomic_save_npy(
                 targets_path(shard, "grids.npy"), np.concatenate([p["grids"] for p in preds]) if preds else empty
             )
-        meta = {**self.settings, "keys": keys, "skipped": skipped, "shard_bytes": shard.stat().st_size}
+        meta = {**self.settings, "keys": keys, "skipped": skipped, **shard_stamp(shard)}
         atomic_write_text(targets_path(shard, "targets.json"), json.dumps(meta, sort_keys=True) + "\n")  # last
 
 

@@ -135,7 +135,7 @@ class PretrainModule(NAMCModule):
         grid_used = not c.grid_trainable
         for corpus in corpora:
             check_targets(corpus, c.vqgan_n_embed, digest["vqgan_pretrained"], c.grid_model if grid_used else None,
-                          digest["grid_pretrained"])  # fmt: skip
+                          digest["grid_pretrained"], c.image_size)  # fmt: skip
 
     def _generator(self, batch_idx: int, stage: int) -> torch.Generator:
         g = torch.Generator(device=self.device)

@@ -9,6 +9,10 @@ not decoded images) is held in memory.
 A reader's order is a pure function of ``(source, seed, epoch, reader)`` and is exposed undecoded
 (:meth:`CorpusDataset.units`), then decoded one unit at a time (:meth:`CorpusDataset.decode`): a resumed stream
 (:class:`namc.data.views.EvenStream`) finds its place by reading the consumed units again without decoding them.
+
+A manifest is read as :func:`~namc.data.corpus.pack.pack_corpus` reads it: its images are image references
+(:mod:`namc.data.refs`: a path, ``SHARD.tar::MEMBER`` or ``FILE.parquet::ROW::COLUMN``), and a line reusing an
+earlier line's id is skipped as ``duplicate_id``; so a manifest and the shards packed from it give the same samples.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from namc.data.corpus.records import (
     IMAGE_ERRORS,
     CorpusRecord,
     RecordError,
+    duplicate_lines,
+    image_error,
     iter_manifest,
     parse_line,
     parse_record,
@@ -38,11 +44,25 @@ from namc.data.corpus.records import (
 from namc.data.corpus.shards import iter_tar_groups, list_shards, shard_sizes
 from namc.data.corpus.targets import read_targets
 from namc.data.issues import DataIssues, IssueKind
+from namc.data.refs import read_ref
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTransform
 
 __all__ = ["CorpusDataset"]
 
 _TARGETS = "\x00targets"  # a sample's precomputed (codes, grids) ride in its tar group under this key
+
+
+class _DuplicateLine(str):
+    """A manifest line whose id an earlier line (``first``) took: skipped as ``duplicate_id`` once it parses (as
+    packing checks it)."""
+
+    first: int
+
+    def __new__(cls, line: str, first: int) -> _DuplicateLine:
+        unit = super().__new__(cls, line)
+        unit.first = first
+        return unit
+
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +160,7 @@ class CorpusDataset(IterableDataset):
         self._world_size = world_size
         self.load_images = load_images
         self.issues = issues if issues is not None else DataIssues("corpus")
+        self._duplicates: dict[int, int] | None = None  # a manifest's lines reusing an id: read on first use
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch that seeds the shard permutation and the shuffle buffer."""
@@ -192,9 +213,12 @@ class CorpusDataset(IterableDataset):
 
     def _raw_manifest(self, reader: int, n_readers: int) -> Iterator[tuple[str, Any]]:
         path = self.paths[0]
+        if self._duplicates is None:
+            self._duplicates = duplicate_lines(path)
         for j, (line_no, line) in enumerate(iter_manifest(path)):
             if j % n_readers == reader:
-                yield f"{path}:{line_no}", line
+                first = self._duplicates.get(line_no)
+                yield f"{path}:{line_no}", (line if first is None else _DuplicateLine(line, first))
 
     def _raw_shards(self, shards: list[Path]) -> Iterator[tuple[str, Any]]:
         sizes = shard_sizes(shards)
@@ -216,10 +240,12 @@ class CorpusDataset(IterableDataset):
     def decode(self, where: str, unit: Any) -> dict[str, Any] | None:
         """The sample of one unit of :meth:`units`, or ``None`` when it is bad (skipped and counted in ``issues``)."""
         try:
+            root = self.paths[0].parent
             if isinstance(unit, str):
                 rec = parse_record(parse_line(unit))  # not UTF-8, not JSON: malformed_line, with the reason
-                root = self.paths[0].parent
-                img_src: tuple[Any, Any] = (root / rec.image1, root / rec.image2)
+                if isinstance(unit, _DuplicateLine):
+                    raise RecordError(IssueKind.DUPLICATE_ID, f"id {rec.id!r} is taken by line {unit.first}")
+                img_src: tuple[Any, Any] = (rec.image1, rec.image2)  # image references, relative to the manifest
                 codes_src: Any = root / rec.codes if rec.codes is not None else None
             else:
                 img_src, codes_src, rec = self._shard_parts(unit)
@@ -227,14 +253,14 @@ class CorpusDataset(IterableDataset):
                 return None  # outside the selected subset: not an issue
             images: list[torch.Tensor | None] = [None, None]
             if self.load_images:
-                for i, src in enumerate(img_src):
+                for i, src in enumerate(img_src):  # a manifest's reference (str) or a shard member's bytes
+                    slot = f"image{i + 1}"
                     try:
-                        images[i] = self.transform.load(src)
-                    except FileNotFoundError:
-                        raise RecordError(IssueKind.MISSING_IMAGE, f"image{i + 1} not found: {src}") from None
+                        images[i] = self.transform.load(read_ref(src, root) if isinstance(src, str) else src)
+                    except FileNotFoundError as err:  # the message names the file (and the reference)
+                        raise RecordError(IssueKind.MISSING_IMAGE, f"{slot} not found: {err}") from None
                     except IMAGE_ERRORS as err:
-                        name = src if isinstance(src, Path) else f"image{i + 1}"
-                        raise RecordError(IssueKind.CORRUPT_IMAGE, f"{name}: {err}") from None
+                        raise image_error(err, slot, root / src if isinstance(src, str) else None) from None
             codes: list[torch.Tensor | None] = [None, None]
             if codes_src is not None:
                 try:

@@ -2,8 +2,10 @@
 
 Shard ``i`` holds manifest lines ``[i * shard_size, (i + 1) * shard_size)`` that pass validation, is written to
 ``.tar.partial`` and renamed when complete, and gets a sidecar ``shard-%06d.json`` with its counts and a digest of
-its manifest lines; a rerun skips shards whose tar and sidecar exist with the same digest and rewrites any other (a
-partial one, or one packed from different lines). ``index.json`` lists the shards and the totals. The format is
+its manifest lines and one of the tar's bytes (``tar_digest``, which precomputed targets are bound to:
+:mod:`namc.data.corpus.targets`); a rerun skips shards whose tar and sidecar exist with the same lines digest and
+rewrites any other (a partial one, or one packed from different lines), deleting the old shard's precomputed
+targets. ``index.json`` lists the shards and the totals. The format is
 described in :mod:`namc.data.corpus.shards`. A manifest's ``image1``/``image2`` are image references
 (:mod:`namc.data.refs`): a path, ``SHARD.tar::MEMBER`` or ``FILE.parquet::ROW::COLUMN``.
 
@@ -38,6 +40,7 @@ from namc.data.corpus.records import (
     read_codes,
 )
 from namc.data.corpus.shards import INDEX_FILE, SHARD_PATTERN
+from namc.data.corpus.targets import TARGET_FILES, targets_path
 from namc.data.issues import IssueKind
 from namc.data.refs import read_ref, ref_ext
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, open_image
@@ -139,8 +142,12 @@ def _write_shard(
             for ext, data in members.items():
                 _add_member(tar, f"{key}.{ext}", data)
             n += 1
+    digest = hashlib.blake2b(digest_size=16)
+    with open(partial, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
     os.replace(partial, tar_path)
-    return {"samples": n, "rejected": rejected, "examples": examples[:20]}
+    return {"samples": n, "rejected": rejected, "examples": examples[:20], "tar_digest": digest.hexdigest()}
 
 
 def _read_sidecar(path: Path) -> dict[str, Any] | None:
@@ -184,6 +191,8 @@ def _pack_shard(
         return tar_path.name, side, True
     # missing, partial, or packed from other manifest lines / another shard size: (re)write it
     side_path.unlink(missing_ok=True)
+    for what in TARGET_FILES:  # made from the old shard: its rows would join other images by key
+        targets_path(tar_path, what).unlink(missing_ok=True)
     side = _write_shard(lines, manifest, tar_path, duplicates, verify_images, max_pixels)
     side["lines_digest"] = digest
     side_path.write_text(json.dumps(side, indent=1))
@@ -248,6 +257,8 @@ def pack_corpus(
     if shard_size <= 0:
         raise ValueError("shard_size must be positive")
     manifest = Path(manifest)
+    if not manifest.is_file():
+        raise FileNotFoundError(f"manifest not found: {manifest}" + (" (a folder)" if manifest.is_dir() else ""))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = PackReport(out_dir=out)

@@ -5,13 +5,18 @@ For ``shard-000000.tar``::
     shard-000000.codes.npy      int16 (n, 2, N): the VQGAN codes of image 1 and image 2 of n samples
     shard-000000.grids.npy      float16 (n, 2, N, C): the frozen ResNet grid features (optional)
     shard-000000.targets.json   {"keys": [the n samples' tar keys, in row order], "skipped": [...],
-                                 "image_size": int, "codes": {...}, "grids": {...} | null, "shard_bytes": int}
+                                 "image_size": int, "codes": {...}, "grids": {...} | null, "shard_bytes": int,
+                                 "shard_digest": str | null}
 
 The ``.json`` is written last (each file through a temporary file and a rename), so its presence means the arrays
 beside it are complete. Rows are joined to samples by the tar key (``000000042`` for ``000000042.json``), so a
 sample the precompute skipped (an image that does not decode) simply has no row and is computed on the fly, and a
-reader never has to trust the order of anything. ``shard_bytes`` is the shard's size when the targets were made:
-a repacked shard of another size is ignored (and recomputed by the next ``namc data precompute``).
+reader never has to trust the order of anything. ``shard_bytes`` and ``shard_digest`` say which shard the targets
+were made from: its size, and the digest of its bytes that packing wrote in its sidecar (``shard-000000.json``,
+``"tar_digest"``). Targets of another shard are ignored with a warning (and recomputed by the next ``namc data
+precompute``): a tar's size alone would not tell a repacked shard from the old one, since tar pads to 10,240-byte
+records, and a row would then give another image's codes. Packing also deletes a shard's targets when it rewrites
+the shard. Targets made before shards carried a digest (``shard_digest`` null) are matched by size alone.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ShardTargets", "check_targets", "read_targets", "targets_path"]
+__all__ = ["ShardTargets", "check_targets", "made_from", "read_targets", "shard_stamp", "targets_path"]
+
+TARGET_FILES = ("targets.json", "codes.npy", "grids.npy")
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +40,26 @@ def targets_path(shard: Path, what: str) -> Path:
     """``shard-000000.{what}`` beside ``shard-000000.tar`` (``what``: ``codes.npy``, ``grids.npy``,
     ``targets.json``)."""
     return shard.with_name(shard.name[: -len(shard.suffix)] + "." + what)
+
+
+def shard_stamp(shard: Path) -> dict[str, Any]:
+    """What identifies a shard's content: ``{"shard_bytes": its size, "shard_digest": its sidecar's "tar_digest"
+    (None for a shard packed before sidecars carried one, or without a readable sidecar)}``."""
+    digest = None
+    try:
+        side = json.loads(shard.with_suffix(".json").read_text(encoding="utf-8"))
+        digest = side.get("tar_digest") if isinstance(side, dict) else None
+    except (OSError, ValueError):
+        pass
+    return {"shard_bytes": shard.stat().st_size, "shard_digest": digest}
+
+
+def made_from(meta: dict[str, Any], stamp: dict[str, Any]) -> bool:
+    """Whether targets with ``meta`` (a ``targets.json``) were made from the shard of ``stamp`` (:func:`shard_stamp`):
+    the same size, and the same digest unless the targets were made without one."""
+    if meta.get("shard_bytes") != stamp["shard_bytes"]:
+        return False
+    return meta.get("shard_digest") is None or meta["shard_digest"] == stamp["shard_digest"]
 
 
 @dataclass
@@ -53,7 +80,7 @@ class ShardTargets:
 
 
 def read_targets(shard: Path, image_size: int | None) -> ShardTargets | None:
-    """The shard's precomputed targets, or None when it has none (or stale ones: another shard size; a warning).
+    """The shard's precomputed targets, or None when it has none (or stale ones, made from another shard: a warning).
 
     Raises:
         ValueError: the targets were computed at another image size than ``image_size`` (naming the file), or the
@@ -73,9 +100,11 @@ def read_targets(shard: Path, image_size: int | None) -> ShardTargets | None:
         logger.warning("%s: unreadable precomputed targets (%s: %s), ignored; rerun `namc data precompute`",
                        meta_path, type(err).__name__, err)  # fmt: skip
         return None
-    if meta.get("shard_bytes") != shard.stat().st_size:
-        logger.warning("%s: made for a shard of %s bytes, %s has %d: ignored (rerun `namc data precompute`)",
-                       meta_path, meta.get("shard_bytes"), shard.name, shard.stat().st_size)  # fmt: skip
+    stamp = shard_stamp(shard)
+    if not made_from(meta, stamp):
+        logger.warning("%s: made from another %s (%s bytes, digest %s; now %d bytes, digest %s): ignored (rerun "
+                       "`namc data precompute`)", meta_path, shard.name, meta.get("shard_bytes"),
+                       meta.get("shard_digest"), stamp["shard_bytes"], stamp["shard_digest"])  # fmt: skip
         return None
     if image_size is not None and meta.get("image_size") != image_size:
         raise ValueError(
@@ -94,6 +123,7 @@ def check_targets(
     vqgan_sha256: str | None,
     grid_model: str | None = None,
     grid_sha256: str | None = None,
+    image_size: int | None = None,
 ) -> int:
     """Check that the precomputed targets of a corpus were made by the frozen encoders the model trains with.
 
@@ -108,6 +138,8 @@ def check_targets(
             so only the codebook size is compared.
         grid_model, grid_sha256: the model's frozen grid encoder and its weights' SHA-256, when precomputed grids
             would be used (None: they are not, e.g. the grid encoder trains).
+        image_size: the side the model reads images at (None: not compared); targets of another size would stop
+            the run with an error when their shard is reached.
 
     Returns:
         How many shards carry targets.
@@ -130,6 +162,7 @@ def check_targets(
         found += 1
         codes, grids = meta.get("codes") or {}, meta.get("grids")
         checks = [
+            ("targets precomputed at {} px, the model reads {} px", meta.get("image_size"), image_size),
             ("codes from a VQGAN with {} codes, the model's has {}", codes.get("n_embed"), n_embed),
             ("codes made with VQGAN weights sha256 {:.12}..., the model loads {:.12}...", codes.get("weights"),
              vqgan_sha256),

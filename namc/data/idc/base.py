@@ -12,6 +12,11 @@ image (empty, truncated, not an image, a directory) or one over ``max_image_pixe
 :mod:`namc.data.transforms`) is found when read: with ``on_error="skip"`` (default) ``__getitem__`` counts it and
 returns ``None`` (the collate wrapper :class:`namc.data.collate.SkipNone` drops ``None`` items), with
 ``on_error="raise"`` it raises naming the file.
+
+The counts are per item, so the skip rate means the same after one epoch or forty: a missing image is counted once
+when the dataset is built, and an item read from its files is counted once, in whichever DataLoader worker reads it
+(a shared-memory byte per item records how): accepted, or skipped from the first read that fails (an item that read
+well and then fails, its file changed, moves from accepted to skipped and is logged).
 """
 
 from __future__ import annotations
@@ -107,6 +112,9 @@ def list_folder(folder: Path) -> set[str]:
     return {e.name for e in os.scandir(folder)}
 
 
+_UNCOUNTED, _ACCEPTED, _SKIPPED = 0, 1, 2  # BenchmarkDataset._counted
+
+
 class BenchmarkDataset(Dataset):
     """Common item access: a list of ``(id, path1, path2, captions, change_type)`` entries and the transform.
 
@@ -134,6 +142,7 @@ class BenchmarkDataset(Dataset):
         self.issues = DataIssues(self.name)
         self.entries: list[tuple[str, Path, Path, list[str], str | None]] = []
         self._pixels: dict[Path, np.ndarray] | None = None
+        self._counted: torch.Tensor | None = None  # (len(entries),) uint8, shared: how an item is counted (_COUNTED)
 
     def enable_image_cache(self) -> BenchmarkDataset:
         """Keep every decoded image in memory (uint8, 3 x H x W bytes each) after its first read.
@@ -177,8 +186,27 @@ class BenchmarkDataset(Dataset):
     def __len__(self) -> int:
         return len(self.entries)
 
+    def _count(self, index: int, ok: bool) -> bool:
+        """Counts item ``index`` as accepted or skipped unless it already is (by any worker); returns whether a skip
+        is new (to be added to :attr:`issues` by the caller). An item counted as accepted that now fails moves."""
+        if self._counted is None or len(self._counted) != len(self.entries):  # a loader that skipped _finish
+            self._counted = torch.zeros(len(self.entries), dtype=torch.uint8).share_memory_()
+        before = int(self._counted[index])
+        if ok:
+            if before == _UNCOUNTED:
+                self._counted[index] = _ACCEPTED
+                self.issues.add_ok()
+            return False
+        if before == _SKIPPED:
+            return False
+        if before == _ACCEPTED:
+            self.issues.add_ok(-1)
+        self._counted[index] = _SKIPPED
+        return True
+
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         item_id, p1, p2, captions, change_type = self.entries[index]
+        index = range(len(self.entries))[index]  # a negative index counts as its item
         try:
             image1 = self._load(p1)
             image2 = self._load(p2)
@@ -187,10 +215,11 @@ class BenchmarkDataset(Dataset):
                 if isinstance(err, ImageTooLargeError):
                     raise
                 raise OSError(f"{self.name}: cannot read image of item {item_id}: {err}") from err
-            kind = IssueKind.OVERSIZED_IMAGE if isinstance(err, ImageTooLargeError) else IssueKind.CORRUPT_IMAGE
-            self.issues.add(kind, f"{p1} / {p2}", f"item {item_id}: {err}")
+            if self._count(index, ok=False):
+                kind = IssueKind.OVERSIZED_IMAGE if isinstance(err, ImageTooLargeError) else IssueKind.CORRUPT_IMAGE
+                self.issues.add(kind, f"{p1} / {p2}", f"item {item_id}: {err}")
             return None
-        self.issues.add_ok()
+        self._count(index, ok=True)
         return {
             "id": item_id,
             "image1": image1,
@@ -209,6 +238,7 @@ class BenchmarkDataset(Dataset):
         return out
 
     def _finish(self, root: Path, split: str) -> None:
+        self._counted = torch.zeros(len(self.entries), dtype=torch.uint8).share_memory_()  # before workers start
         if self.issues.skipped:
             logger.warning("%s %s: %s", self.name, split, self.issues.summary())
         logger.info("%s %s: %d items from %s", self.name, split, len(self.entries), root)

@@ -37,7 +37,16 @@ from tqdm.auto import tqdm
 from namc.data.synthetic.counterfactuals import attribute_edits, event_edits
 from namc.data.synthetic.language import _CAPTIONS
 from namc.data.synthetic.render import render_scene
-from namc.data.synthetic.scene import CHANGE_TYPES, COLORS, MATERIALS, MAX_OBJECTS, MIN_OBJECTS, NO_CHANGE, make_pair
+from namc.data.synthetic.scene import (
+    CHANGE_TYPES,
+    COLORS,
+    MATERIALS,
+    MAX_OBJECTS,
+    MIN_OBJECTS,
+    NO_CHANGE,
+    check_object_range,
+    make_pair,
+)
 
 __all__ = ["CATEGORIES", "generate_minimal_pairs", "minimal_pair_item"]
 
@@ -128,6 +137,7 @@ def generate_minimal_pairs(
     """
     if n_items < 1:
         raise ValueError("n_items must be at least 1")
+    check_object_range(min_objects, max_objects)
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}

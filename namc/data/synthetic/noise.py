@@ -38,8 +38,10 @@ def _noise_phrase(rng: random.Random, scene: Sequence[ShapeObject], attribute_ok
     kind = rng.choice(("object", "scenery", "attribute"))
     if kind == "attribute" and not attribute_ok:
         kind = "scenery"
+    absent = [c for c in COLORS if c not in {o.color for o in scene}]
+    if kind == "object" and not absent:  # 8 objects of the 8 colours (--max-objects 8): nothing to hallucinate
+        kind = "scenery"
     if kind == "object":  # a hallucinated object in a colour that nothing in this image has
-        absent = [c for c in COLORS if c not in {o.color for o in scene}]  # never empty: 8 colours, <= 6 objects
         return kind, [rng.choice(_NEAR), "a", rng.choice(absent), rng.choice(SHAPES)]
     if kind == "scenery":
         return kind, rng.choice(_SCENERY).split()

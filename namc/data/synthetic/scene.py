@@ -200,6 +200,15 @@ def _change(
     return added, added
 
 
+def check_object_range(min_objects: int, max_objects: int) -> None:
+    """Raises ValueError unless ``1 <= min_objects < max_objects <= 8`` (generators check before writing anything)."""
+    if not 1 <= min_objects < max_objects <= 8:
+        raise ValueError(
+            f"need 1 <= min_objects < max_objects <= 8 (more objects do not fit without overlap), got {min_objects} "
+            f"and {max_objects}"
+        )
+
+
 def make_pair(
     seed: int,
     index: int,
@@ -220,8 +229,7 @@ def make_pair(
         max_objects: most objects in any image of the pair (<= 8).
         jitter_changed: give the changed image a random viewpoint/lighting jitter too (as CLEVR-Change does).
     """
-    if not 1 <= min_objects < max_objects <= 8:
-        raise ValueError("need 1 <= min_objects < max_objects <= 8 (more objects do not fit without overlap)")
+    check_object_range(min_objects, max_objects)
     rng = random.Random(f"{seed}-{stream}-{index}")
     ctype = change_type or CHANGE_TYPES[index % len(CHANGE_TYPES)]
     if ctype not in CHANGE_TYPES:

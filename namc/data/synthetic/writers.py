@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from namc.data.synthetic.language import change_captions, no_change_captions
 from namc.data.synthetic.noise import corpus_record
 from namc.data.synthetic.render import render_scene
-from namc.data.synthetic.scene import CHANGE_TYPES, MAX_OBJECTS, MIN_OBJECTS, make_pair
+from namc.data.synthetic.scene import CHANGE_TYPES, MAX_OBJECTS, MIN_OBJECTS, check_object_range, make_pair
 
 __all__ = ["generate_benchmark", "generate_corpus"]
 
@@ -136,6 +136,7 @@ def generate_benchmark(
     """
     if len(splits) != 3 or abs(sum(splits) - 1) > 1e-6 or min(splits) < 0:
         raise ValueError("splits must be three non-negative fractions summing to 1")
+    check_object_range(min_objects, max_objects)
     out = Path(out_dir)
     for sub in ("images", "sc_images", "nsc_images"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -227,6 +228,7 @@ def generate_corpus(
     """
     if not 0.0 <= noise_rate <= 0.5:
         raise ValueError("noise_rate must be in [0, 0.5]")
+    check_object_range(min_objects, max_objects)
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     jobs = [(seed, image_size, out, noise_rate, min_objects, max_objects, c) for c in _chunks(n_pairs, workers)]
