@@ -153,6 +153,26 @@ def test_ablations_run(tokenizer, batch, ablation):
         assert out["mir"] == 0
 
 
+@pytest.mark.parametrize("rec_loss", ["l1", "l2"])
+def test_regression_target_is_fixed_when_the_grid_trains(tokenizer, batch, rec_loss):
+    """Table 7's L1 / L2 reconstruction regresses onto the grid features X: with a trainable grid encoder, no
+    gradient may reach it through the target (only through MIR's input)."""
+    from namc.objectives.pretrain import mir_term
+
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, grid_trainable=True, rec_loss=rec_loss).train()
+    images = torch.cat([batch["image1"], batch["image2"]])
+    text = torch.cat([batch["desc1"], batch["desc2"]])
+    _, real = m.text_masks(text)
+    img_mask, _ = m.noise_masks(images, text, torch.Generator().manual_seed(0))
+    _, txt_tok = m.nim.encode_text(text, tokenizer.eos_id)
+    grid = m.grid(images)
+    assert grid.requires_grad
+    x = m.mir.embed(grid.detach(), img_mask)  # MIR's input cut: what reaches the grid now came through the target
+    loss = mir_term(m, x, grid, images, img_mask, txt_tok.detach(), real, None)
+    loss.backward()
+    assert loss > 0 and all(p.grad is None for p in m.grid.parameters())
+
+
 def test_coattention_never_attends_masked_positions(model):
     model.eval()
     B, N, D = 2, model.grid_size**2, model.config.dim
@@ -170,6 +190,25 @@ def test_coattention_never_attends_masked_positions(model):
         torch.testing.assert_close(w_self.sum(-1), torch.ones_like(w_self.sum(-1)))
     # the weights path and the fast (SDPA) path agree
     torch.testing.assert_close(fused, model.mir.interact(x1, x2, m1, m2), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fusion", ["concat", "mdp"])
+def test_fused_memory_never_reads_masked_content(tokenizer, fusion):
+    """Section 3.2.2: masked positions are never attended, fusion included. New content at the masked positions
+    (another e_M) leaves E_MIR unchanged wherever both images are unmasked, and at those positions only."""
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, fusion=fusion).eval()
+    B, N = 4, m.grid_size**2
+    g = torch.Generator().manual_seed(1)
+    grid = torch.randn(2 * B, N, m.grid.out_channels, generator=g)
+    mask = torch.rand(2 * B, N, generator=g) < 0.3
+    with torch.no_grad():
+        before = m.mir.interact(*m.mir.embed(grid, mask).chunk(2), mask[:B], mask[B:])
+        m.mir.e_m.add_(torch.randn(m.mir.e_m.shape, generator=g))
+        after = m.mir.interact(*m.mir.embed(grid, mask).chunk(2), mask[:B], mask[B:])
+    clean = ~mask[:B] & ~mask[B:]
+    assert clean.any() and (~clean).any()
+    torch.testing.assert_close(after[clean], before[clean], atol=1e-6, rtol=1e-5)
+    assert (after[~clean] - before[~clean]).abs().amax(-1).min() > 0
 
 
 def test_finetune_step_and_generate(model, tokenizer):

@@ -4,7 +4,10 @@ Dimension letters: B pairs, N grid positions, D width.
 
 A fusion block is an ``nn.Module`` built as ``cls(dim)`` whose forward takes the final (B, N, D) states of the two
 streams, ``forward(x1, x2) -> (B, N, D)``. A block that sets ``multi_scale = True`` also receives ``layers``: the
-list of (x1, x2) outputs of every MIR layer (before MIR's final LayerNorm), for blocks that fuse several depths.
+list of (x1, x2) outputs of every MIR layer (before MIR's final LayerNorm), for blocks that fuse several depths. A
+block that mixes positions and sets ``attends = True`` also receives ``keep1`` and ``keep2`` in pre-training:
+(B, N) bool, True where a position of that image may be read (False: NIM masked it as noise; None when nothing is
+masked), so that, as MIR's co-attention, it never reads a masked position (section 3.2.2).
 Register a block with ``@register_fusion("name")`` and pick it with ``NAMCConfig.fusion = "name"`` (like timm's
 ``get_attn``): the block is one class and one registry line.
 
@@ -23,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from namc.models.layers import Attention, Block, residual
+from namc.models.layers import Attention, Block, ensure_attendable, residual
 
 __all__ = ["ConcatFusion", "MDPFusion", "create_fusion", "list_fusions", "register_fusion"]
 
@@ -100,8 +103,8 @@ class _CrossAttention(nn.Module):
         self.ln_context = nn.LayerNorm(dim)
         self.attn = Attention(dim, heads)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return residual(x, self.attn(self.ln_query(x), self.ln_context(context)))  # (B, T, D)
+    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return residual(x, self.attn(self.ln_query(x), self.ln_context(context), key_mask=key_mask))  # (B, T, D)
 
 
 @register_fusion("mdp")
@@ -137,12 +140,18 @@ class MDPFusion(nn.Module):
     - **Sublayers** are pre-LN and residual like namc's other layers (:class:`~namc.models.layers.Block`), with
       64-wide heads (12 at D = 768) and no dropout (a fusion block has no config of its own). The linear maps have
       biases (the paper writes only the weights). ``Score``'s MLP is ``3D -> D -> D`` with a GELU.
+    - **Masked positions** (pre-training). MIR's co-attention never reads a position NIM masked (section 3.2.2), and
+      neither does this block: a difference token ``dF[n]`` is clean where both images' position n is, the
+      attention of Eqs. 4-6 reads only clean tokens (``F_k`` where image k is unmasked, ``dF`` where both are), and
+      Eq. 7's mean runs over the positions clean in both images. So ``E_MIR`` at those positions does not depend on
+      the masked content, as with ``concat``. Without masks (fine-tuning, inference) nothing changes.
     - **Output.** M3Diff hands ``F'_1`` and ``F'_2`` to its language model as two image-token sets; namc's FDG reads
       one (B, N, D) memory, so the two refined streams are fused by the paper's (NAMC's) own rule, an FC over their
       concatenation (section 3.2.2): ``E_MIR = W_o [F'_1 || F'_2]``.
     """
 
     multi_scale = True
+    attends = True
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -155,12 +164,15 @@ class MDPFusion(nn.Module):
         self.score = nn.Sequential(nn.Linear(3 * dim, dim), nn.GELU(), nn.Linear(dim, dim))  # MLP of Eq. 7
         self.out = nn.Linear(2 * dim, dim)  # E_MIR = W_o [F'_1 || F'_2] (section 3.2.2's FC)
 
-    def perceive(self, f1: torch.Tensor, f2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def perceive(
+        self, f1: torch.Tensor, f2: torch.Tensor, keep: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One scale: Eqs. 1-6.
 
         Args:
             f1: (B, N, D) ``F_1^i``.
             f2: (B, N, D) ``F_2^i``.
+            keep: (B, N) bool masks of the positions of image 1 and image 2 that may be read (None: all).
 
         Returns:
             ``(F~_1, F~_2, dF)``, each (B, N, D).
@@ -170,17 +182,28 @@ class MDPFusion(nn.Module):
         lam2 = torch.sigmoid(self.gate(torch.cat([f2, f1], dim=-1)))  # (B, N, D)
         g1, g2 = f1 * lam1, f2 * lam2  # Eq. 2
         delta = self.diff(torch.cat([g1, g2, g1 - g2], dim=-1))  # (B, N, D), Eq. 3
+        keys_sa = keys_ca = keys_back = None  # the key masks of Eqs. 4, 5 and 6 (None: every key)
+        if keep is not None:
+            both = keep[0] & keep[1]  # (B, N): dF[n] reads both images' position n
+            keys_sa = ensure_attendable(both)
+            keys_ca = ensure_attendable(torch.cat([keep[0], keep[1], both], dim=1))  # (B, 3N)
+            keys_back = ensure_attendable(torch.cat([torch.cat([k, both], dim=1) for k in keep], dim=0))  # (2B, 2N)
         blk = self.diff_layer
-        d_sa = blk.self_attend(delta)  # (B, N, D), Eq. 4
-        d_ca = blk.cross_attend(d_sa, torch.cat([f1, f2, d_sa], dim=1))  # keys/values (B, 3N, D), Eq. 5
+        d_sa = blk.self_attend(delta, key_mask=keys_sa)  # (B, N, D), Eq. 4
+        d_ca = blk.cross_attend(d_sa, torch.cat([f1, f2, d_sa], dim=1), key_mask=keys_ca)  # keys (B, 3N, D), Eq. 5
         d_ca = blk.feed_forward(d_ca)  # Eq. 5's MLP
         queries = torch.cat([f1, f2], dim=0)  # (2B, N, D): both streams through the one CA of Eq. 6
         context = torch.cat([torch.cat([f1, d_ca], dim=1), torch.cat([f2, d_ca], dim=1)], dim=0)  # (2B, 2N, D)
-        refined = self.fuse_back(queries, context)  # (2B, N, D)
+        refined = self.fuse_back(queries, context, key_mask=keys_back)  # (2B, N, D)
         return refined[:B], refined[B:], delta
 
     def forward(
-        self, x1: torch.Tensor, x2: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        x1: torch.Tensor,
+        x2: torch.Tensor,
+        layers: list[tuple[torch.Tensor, torch.Tensor]],
+        keep1: torch.Tensor | None = None,
+        keep2: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``E_MIR`` from MIR's output and its per-layer streams.
 
@@ -189,15 +212,23 @@ class MDPFusion(nn.Module):
             x2: (B, N, D) likewise for image 2.
             layers: ``[(x1_l, x2_l), ...]``, every MIR layer's output (before the final LayerNorm), shallow to
                 deep; all but the last are the shallower scales (the last is ``(x1, x2)`` before the LayerNorm).
+            keep1, keep2: (B, N) bool, the positions of each image that may be read (None: all; see the class).
 
         Returns:
             (B, N, D) ``E_MIR``.
         """
         scales = [(self.ln_scale(a), self.ln_scale(b)) for a, b in layers[:-1]] + [(x1, x2)]
+        keep = weight_n = None
+        if keep1 is not None or keep2 is not None:
+            every = torch.ones(x1.shape[:2], dtype=torch.bool, device=x1.device)
+            keep = (every if keep1 is None else keep1, every if keep2 is None else keep2)
+            both = ensure_attendable(keep[0] & keep[1]).to(x1.dtype)  # (B, N)
+            weight_n = (both / both.sum(dim=1, keepdim=True)).unsqueeze(-1)  # (B, N, 1): Eq. 7's mean, clean only
         fused1 = fused2 = None
         for f1, f2 in scales:
-            t1, t2, delta = self.perceive(f1, f2)
-            pooled = torch.cat([t1, t2, delta], dim=-1).mean(dim=1)  # (B, 3D), Phi_Mean over tokens
+            t1, t2, delta = self.perceive(f1, f2, keep)
+            tokens = torch.cat([t1, t2, delta], dim=-1)  # (B, N, 3D)
+            pooled = tokens.mean(dim=1) if weight_n is None else (tokens * weight_n).sum(dim=1)  # (B, 3D), Phi_Mean
             weight = torch.sigmoid(self.score(pooled)).unsqueeze(1)  # (B, 1, D), Score^i of Eq. 7
             fused1 = weight * t1 if fused1 is None else fused1 + weight * t1  # Eq. 8
             fused2 = weight * t2 if fused2 is None else fused2 + weight * t2

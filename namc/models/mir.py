@@ -164,8 +164,8 @@ class MIR(nn.Module):
             if multi_scale:
                 states.append((x[:B], x[B:]))
         x = self.ln_out(x)
-        if multi_scale:
-            fused = self.fuse(x[:B], x[B:], layers=states)  # (B, N, D)
-        else:
-            fused = self.fuse(x[:B], x[B:])  # (B, N, D)
+        extra: dict[str, object] = {"layers": states} if multi_scale else {}
+        if keep is not None and getattr(self.fuse, "attends", False):  # a block that mixes positions: not the masked
+            extra.update(keep1=keep[:B], keep2=keep[B:])
+        fused = self.fuse(x[:B], x[B:], **extra)  # (B, N, D)
         return (fused, weights) if return_weights else fused

@@ -119,7 +119,9 @@ def mir_term(
         if codes is None:
             codes = model.vqgan(images)  # (2B, N), frozen
         return ops.masked_token_ce(model.mir.head(y[img_mask]), codes[img_mask])
-    return ops.masked_regression_loss(model.mir.head(y), grid, img_mask, model.config.rec_loss)
+    # the target X is a fixed feature: a grid encoder that trains (grid_trainable) must not move it towards the
+    # prediction, which would lower the loss without any reconstruction
+    return ops.masked_regression_loss(model.mir.head(y), grid.detach(), img_mask, model.config.rec_loss)
 
 
 def fdg_term(model: NAMC, batch: dict[str, Any], memory: torch.Tensor, txt_mask: torch.Tensor) -> torch.Tensor:
