@@ -315,10 +315,29 @@ def test_transform_modes_to_rgb() -> None:
     assert np.asarray(to_rgb(palette))[0, 0].tolist() == [255, 255, 255]
     deep = Image.fromarray(np.full((4, 4), 65535, dtype=np.uint16))  # 16-bit grey
     assert np.asarray(to_rgb(deep)).min() == 255
+    dark = Image.fromarray(np.full((4, 4), 2570, dtype=np.uint16))  # a dark 16-bit image is still 16-bit
+    assert np.asarray(to_rgb(dark)).max() == 10
+    unit = Image.fromarray(np.full((4, 4), 0.5, dtype=np.float32), "F")  # a float image in [0, 1]
+    assert np.asarray(to_rgb(unit)).tolist() == np.full((4, 4, 3), 128).tolist()
+    assert np.asarray(to_rgb(Image.fromarray(np.full((4, 4), 77.0, dtype=np.float32), "F"))).max() == 77
     for mode in ("L", "LA", "1", "CMYK", "YCbCr", "I", "F", "RGB"):
         img = Image.new(mode, (5, 3))
         out = ImageTransform(8)(img)
         assert out.shape == (3, 8, 8) and out.dtype == torch.float32, mode
+
+
+def test_exif_orientation_is_applied(tmp_path: Path) -> None:
+    """A photo tagged "rotate 90 degrees" is read upright, as viewers show it: the same as the rotated pixels."""
+    arr = np.zeros((20, 40, 3), dtype=np.uint8)
+    arr[:, :20] = 255  # white left half
+    stored = Image.fromarray(arr)
+    exif = stored.getexif()
+    exif[0x0112] = 6  # EXIF Orientation: rotate 90 degrees clockwise to view
+    stored.save(tmp_path / "tagged.png", exif=exif.tobytes())
+    upright = stored.transpose(Image.Transpose.ROTATE_270)  # what a viewer shows
+    upright.save(tmp_path / "upright.png")
+    a, b = (ImageTransform(None).load(tmp_path / name) for name in ("tagged.png", "upright.png"))
+    assert a.shape == b.shape == (3, 40, 20) and torch.equal(a, b)
 
 
 def test_transform_resize_and_scale() -> None:

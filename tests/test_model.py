@@ -64,11 +64,16 @@ def test_registry_lists_and_rejects_unknown():
         namc.create_model("namc_huge")
     with pytest.raises(ValueError, match="unknown overrides"):
         namc.create_model("namc_tiny", dimm=3)
+    with pytest.raises(ValueError, match="unknown tokenizer kind 'clip-bpe'"):  # not silently the word vocabulary
+        namc.create_model("namc_tiny", tokenizer="clip-bpe")
 
 
 def test_three_grids_must_agree():
     with pytest.raises(ValueError, match="share one grid"):
         namc.create_model("namc_tiny", image_size=128, grid_out_index=3)
+    with pytest.raises(ValueError, match="CLIP image tower has 64 patch positions .* 72 px has 9 x 9"):
+        namc.create_model("namc_tiny", image_size=72)  # three 9 x 9 grids, but NIM's tower was built for 8 x 8
+    namc.create_model("namc_tiny", image_size=72, pretraining=False)  # no NIM: any size with agreeing grids
 
 
 def test_base_config_is_the_paper():
@@ -211,6 +216,24 @@ def test_fused_memory_never_reads_masked_content(tokenizer, fusion):
     assert (after[~clean] - before[~clean]).abs().amax(-1).min() > 0
 
 
+def test_generate_checks_its_inputs(model):
+    model.eval()
+    x = torch.rand(2, 3, 64, 64)
+    for precision in ("fp32", "int8"):  # int8 used to broadcast (2, 1) against (1, 2) into two captions
+        with pytest.raises(ValueError, match="different numbers of pairs"):
+            model.generate(x, x[:1], precision=precision)
+        assert model.generate(x[:0], x[:0], precision=precision) == []
+    with pytest.raises(ValueError, match=r"images_2 must be \(B, 3, 64, 64\) for this model, got \(2, 3, 32, 32\)"):
+        model.generate(x, torch.rand(2, 3, 32, 32))
+    with pytest.raises(ValueError, match="floats in \\[0, 1\\], got torch.uint8"):
+        model.generate((x * 255).to(torch.uint8), x)
+    with pytest.raises(ValueError, match="at least 1"):
+        model.generate(x, x, max_new_tokens=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        model.generate(x, x, num_beams=0)
+    assert model.generate(x.double(), x, max_new_tokens=3) == model.generate(x, x, max_new_tokens=3)
+
+
 def test_finetune_step_and_generate(model, tokenizer):
     items = [
         dict(
@@ -349,6 +372,24 @@ def test_clip_bpe_tokenizer_mask_and_round_trip(tmp_path):
     assert tok.decode([tok.bos_id, ids[0], tok.mask_id, *ids[2:], tok.eos_id]) == "a [MASK] red cube"
     tok.save(tmp_path)
     assert load_tokenizer(tmp_path).encode("a small red cube") == ids
+    again = load_tokenizer(tmp_path)  # its BPE file is the folder's own: saving there again keeps it
+    again.save(tmp_path)
+    assert load_tokenizer(tmp_path).encode("a small red cube") == ids
+
+
+def test_a_clip_bpe_model_saves_again_into_its_own_folder(tmp_path):
+    """The README's calibrate_int8-then-save flow on a loaded namc_base-style model (CLIP BPE): the second save into
+    the folder it was loaded from replaces it consistently."""
+    model = namc.create_model("namc_tiny", tokenizer="clip_bpe").eval()
+    model.save_pretrained(tmp_path)
+    loaded = namc.from_pretrained(tmp_path)
+    loaded.calibrate_int8([torch.rand(2, 3, 64, 64)])
+    with torch.no_grad():
+        loaded.fdg.tok.weight[0, 0] += 1
+    loaded.save_pretrained(tmp_path)
+    again = namc.from_pretrained(tmp_path)
+    assert torch.equal(again.fdg.tok.weight, loaded.fdg.tok.weight)
+    assert (tmp_path / "int8_calibration.json").is_file() and not list(tmp_path.glob(".*partial"))
 
 
 def test_describe_image_files(model, tmp_path):

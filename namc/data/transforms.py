@@ -14,9 +14,12 @@ Choices:
 - **Alpha** (RGBA, LA, PA, palette images with a transparency entry) is composited onto a white background instead
   of being dropped, so transparent pixels do not show whatever colour happens to sit under them. CLEVR's RGBA
   renders are fully opaque, so for them this equals ``convert("RGB")``.
-- **16-bit and float** grey images (modes ``I;16*``, ``I``, ``F``) are scaled to 8 bits (values above 255 are read
-  as 16-bit and divided by 257) before the RGB conversion, instead of being clipped.
-- No EXIF rotation: the benchmark and corpus images are used as stored.
+- **16-bit and float** grey images are scaled to 8 bits before the RGB conversion, instead of being clipped: 16-bit
+  modes (``I;16*``) are divided by 257; 32-bit integers (``I``) too where a value exceeds 255 (else read as 8-bit);
+  floats (``F``) whose values all lie in [0, 1] are multiplied by 255, others read as integers are.
+- **EXIF orientation** is applied (``ImageOps.exif_transpose``), so a phone photo is read upright, as every viewer
+  shows it: otherwise two views of one scene, one with an orientation tag and one saved rotated, would differ by a
+  rotation. The benchmarks' and the shapes world's images carry no such tag, so for them nothing changes.
 
 Image-size policy (decompression bombs): an image is refused when its width x height exceeds ``max_image_pixels``
 (default :data:`MAX_IMAGE_PIXELS` = 89,478,485, PIL's own ``Image.MAX_IMAGE_PIXELS``: about 9459 x 9459, 268 MB
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import threading
 import warnings
 from collections.abc import Iterator
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from namc.data.errors import IssueKind, RecordError
 
@@ -50,6 +54,8 @@ if TYPE_CHECKING:  # torch is imported where a tensor is made: image checks (cur
     import torch
 
 __all__ = ["MAX_IMAGE_PIXELS", "ImageTooLargeError", "ImageTransform", "open_image", "to_rgb"]
+
+logger = logging.getLogger(__name__)
 
 _WHITE = (255, 255, 255)
 
@@ -130,8 +136,11 @@ def to_rgb(img: Image.Image) -> Image.Image:
         return img
     if mode.startswith("I") or mode == "F":
         arr = np.asarray(img, dtype=np.float64)
-        if arr.size and arr.max() > 255:
+        top = arr.max() if arr.size else 0.0
+        if mode.startswith("I;16") or top > 255:
             arr = arr / 257.0
+        elif mode == "F" and arr.min(initial=0.0) >= 0 and top <= 1:
+            arr = arr * 255.0
         img = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), mode="L")
         return img.convert("RGB")
     if mode == "P" and "transparency" in img.info:
@@ -189,6 +198,10 @@ def open_image(source: str | Path | bytes, max_pixels: int | None = MAX_IMAGE_PI
             raise ImageTooLargeError(name, max_pixels, detail=str(err).split(",")[0]) from None
         except (ValueError, EOFError) as err:  # some decoders' way of saying "corrupt": one error type for callers
             raise OSError(f"{name}: cannot decode: {type(err).__name__}: {err}") from err
+        try:
+            ImageOps.exif_transpose(img, in_place=True)  # upright, as viewers show it (module docstring)
+        except (ValueError, OSError, SyntaxError) as err:  # a damaged EXIF block: the pixels as stored
+            logger.debug("%s: EXIF orientation unreadable (%s), used as stored", name, err)
     return img
 
 

@@ -105,6 +105,18 @@ class ClipDualEncoder(nn.Module):
     def grid_size(self, image_size: int) -> int:
         return image_size // self.patch_size
 
+    def check_image_size(self, image_size: int) -> None:
+        """Raises ValueError unless the image tower's positional embedding has one position per patch of an image of
+        ``image_size`` px (open_clip's towers are built for their own image size, plus [CLS])."""
+        n = image_size // self.patch_size
+        positions = self.clip.visual.positional_embedding.shape[0] - 1
+        if n * n != positions:
+            raise ValueError(
+                f"NIM's CLIP image tower has {positions} patch positions ({math.isqrt(positions)} x "
+                f"{math.isqrt(positions)} patches of {self.patch_size} px), an image of {image_size} px has {n} x {n}: "
+                "pre-training reads images at the CLIP tower's own size"
+            )
+
     def encode_image(
         self, images: torch.Tensor, patch_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

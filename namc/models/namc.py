@@ -98,6 +98,7 @@ class NAMC(nn.Module):
             }
             if len(set(grids.values())) != 1:
                 raise ValueError(f"the three views of an image must share one grid at {c.image_size} px: {grids}")
+            self.nim.check_image_size(c.image_size)
             text_dim = self.nim.embed_dim
         mir = MIRConfig(
             in_channels=self.grid.out_channels, num_positions=n, dim=c.dim, heads=c.heads, layers=c.mir_layers,
@@ -247,7 +248,17 @@ class NAMC(nn.Module):
     ) -> torch.Tensor:
         """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``); ``precision``
         ``fp32`` (default), ``bf16`` or ``int8`` (CPU) runs a converted copy (:mod:`namc.models.precision`);
-        ``vocabulary``: the only tokens to generate (:mod:`namc.models.shortlist`), None for all."""
+        ``vocabulary``: the only tokens to generate (:mod:`namc.models.shortlist`), None for all.
+
+        Raises:
+            ValueError: the two batches differ in size, an image batch is not (B, 3, S, S) floats with S the model's
+                ``image_size``, or ``max_new_tokens`` / ``num_beams`` is below 1.
+        """
+        rows = self._check_pairs(images_1, images_2, grid_1, grid_2)
+        if max_new_tokens is not None and max_new_tokens < 1 or num_beams < 1:
+            raise ValueError(f"max_new_tokens and num_beams must be at least 1, got {max_new_tokens} and {num_beams}")
+        if rows == 0:
+            return torch.zeros(0, 0, dtype=torch.long, device=self.fdg.tok.weight.device)
         if precision != "fp32":
             with precision_context(self, precision, self.fdg.tok.weight.device) as model:
                 dtype = model.fdg.pos.dtype  # the activations' dtype (the copies keep fp32 activations)
@@ -255,9 +266,33 @@ class NAMC(nn.Module):
                 return model.generate_ids(
                     x[0], x[1], max_new_tokens, num_beams, grid_1=x[2], grid_2=x[3], vocabulary=vocabulary
                 )
+        dtype = self.fdg.pos.dtype  # float64 or float16 pixels run in the model's own dtype
+        images_1, images_2, grid_1, grid_2 = (
+            None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)
+        )
         memory = self.encode_pair(images_1, images_2, grid_1, grid_2)
-        n = max_new_tokens or self.config.max_new_tokens
+        n = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         return self.fdg.generate(memory, n, num_beams, vocabulary=vocabulary)
+
+    def _check_pairs(self, *batches: torch.Tensor | None) -> int:
+        """The number of pairs in ``(images_1, images_2, grid_1, grid_2)``; ValueError naming what is wrong."""
+        names = ("images_1", "images_2", "grid_1", "grid_2")
+        given = {name: t for name, t in zip(names, batches) if t is not None}
+        for k in (0, 1):
+            if names[k] not in given and names[k + 2] not in given:
+                raise ValueError(f"give {names[k]} (or {names[k + 2]})")
+        side = self.config.image_size
+        for name, t in given.items():
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+            if not t.is_floating_point():
+                raise ValueError(f"{name} must be floats in [0, 1], got {t.dtype} (divide uint8 pixels by 255)")
+            if name.startswith("images") and (t.dim() != 4 or tuple(t.shape[1:]) != (3, side, side)):
+                raise ValueError(f"{name} must be (B, 3, {side}, {side}) for this model, got {tuple(t.shape)}")
+        sizes = {name: t.shape[0] for name, t in given.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"the batches hold different numbers of pairs: {sizes}")
+        return next(iter(sizes.values()))
 
     def shortlist(self, captions: Iterable[str]) -> Shortlist:
         """The tokens of ``captions`` (say, the captions the model was fine-tuned on) as a shortlist for

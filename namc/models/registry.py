@@ -79,6 +79,8 @@ def create_model(
         overrides, tokenizer = {**overrides, "tokenizer": tokenizer}, None
     cfg = model_config(name, **overrides)
     if tokenizer is None:
+        if cfg.tokenizer not in ("clip_bpe", "word"):
+            raise ValueError(f"unknown tokenizer kind {cfg.tokenizer!r}: expected 'clip_bpe' or 'word'")
         tokenizer = ClipBPETokenizer() if cfg.tokenizer == "clip_bpe" else WordTokenizer.build(default_word_texts())
     cfg = dataclasses.replace(cfg, tokenizer=tokenizer.kind, vocab_size=tokenizer.vocab_size)
     return NAMC(cfg, tokenizer)

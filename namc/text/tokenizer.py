@@ -13,6 +13,7 @@ Either one is written next to a saved model (``tokenizer.json``) and read back b
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections import Counter
@@ -154,7 +155,11 @@ class ClipBPETokenizer:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.bpe_path, directory / _BPE_FILE)
+        target = directory / _BPE_FILE
+        if not (target.exists() and os.path.samefile(self.bpe_path, target)):  # saved again into its own folder
+            partial = directory / f".{_BPE_FILE}.partial"
+            shutil.copyfile(self.bpe_path, partial)
+            os.replace(partial, target)
         (directory / TOKENIZER_FILE).write_text(json.dumps({"type": "clip_bpe", "bpe": _BPE_FILE}))
 
 
