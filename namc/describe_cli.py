@@ -10,6 +10,7 @@ captions (exit status and error lines: :mod:`namc.inference`).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -106,6 +107,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--output is for --pairs; one pair's caption is printed")
     if args.output is not None and args.output.is_dir():
         parser.error(f"--output {args.output} is a folder: name the JSON lines file to write")
+    missing = _missing_input(args)
+    if missing is not None:  # a path on the command line that is not there: before seconds of imports
+        print(f"namc describe: error: {missing}", file=sys.stderr)
+        return 2
     from namc.inference import run  # torch, timm, open_clip: seconds, so only once the arguments are good
 
     return run(args, parser)
+
+
+def _missing_input(args: argparse.Namespace) -> str | None:
+    """What is wrong with the input files the command line names (the model is checked when it loads), or None."""
+    for path in (args.image1, args.image2):
+        if path is not None and not Path(path).exists():
+            return f"image not found: {path}"
+    for what, path in (("pair list", args.pairs), ("captions file", args.vocabulary)):
+        if path is not None and not Path(path).is_file():
+            return f"{what} not found: {path}" + (" (a folder)" if Path(path).is_dir() else "")
+    return None

@@ -113,6 +113,8 @@ def describe(
     model.eval()
     check_precision(precision, next(model.parameters()).device)
     single = isinstance(images_1, (str, Path, Image.Image))
+    if single != isinstance(images_2, (str, Path, Image.Image)):  # a str is iterable: it would split into letters
+        raise ValueError("give two images, or two lists of images, not one image and a list")
     firsts = [images_1] if single else list(images_1)
     seconds = [images_2] if single else list(images_2)
     if len(firsts) != len(seconds):

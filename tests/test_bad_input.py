@@ -31,7 +31,7 @@ from namc.data.synthetic import generate_corpus
 from namc.data.transforms import ImageTooLargeError, open_image
 from namc.lit.cli import UnsafeCheckpointError, check_checkpoint_safety
 from namc.models import NAMC, create_model, load_model
-from namc.models.io import ConfigError, WeightsError
+from namc.models.io import ConfigError, WeightsError, checkpoint_entry
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "data" / "golden"
@@ -489,10 +489,22 @@ def test_model_saved_before_digests_still_loads_strictly(caplog: pytest.LogCaptu
     assert model.generate_ids(x1, x2).tolist() == expected["ids"]
 
 
-@pytest.mark.parametrize("case", ["pickle_objects", "not_a_checkpoint", "truncated", "safetensors_file"])
+@pytest.mark.parametrize(
+    "case", ["pickle_objects", "not_a_checkpoint", "truncated", "safetensors_file", "no_tokenizer", "bad_config"]
+)
 def test_bad_checkpoint_file(saved: Path, tmp_path: Path, case: str) -> None:
     path = tmp_path / "model.ckpt"
-    if case == "pickle_objects":
+    model = load_model(saved)
+    entry = checkpoint_entry(model.config, model.tokenizer, "0")
+    if case in ("no_tokenizer", "bad_config"):  # a namc entry that is not what namc writes: its key named
+        if case == "no_tokenizer":
+            del entry["tokenizer"]
+            error, message = ConfigError, r"\['namc'\]\['tokenizer'\]: expected a tokenizer object"
+        else:
+            entry["config"]["dim"] = "wide"
+            error, message = ConfigError, r"\['namc'\]\['config'\].*dim"
+        torch.save({"state_dict": {}, "namc": entry}, path)
+    elif case == "pickle_objects":
         torch.save({"state_dict": {}, "namc": {}, "hparams": __import__("argparse").Namespace(lr=1)}, path)
         error, message = WeightsError, r"refused the Python object argparse\.Namespace"
     elif case == "not_a_checkpoint":

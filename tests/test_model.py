@@ -407,6 +407,9 @@ def test_describe_image_files(model, tmp_path):
         namc.describe(model, tmp_path / "bad.png", tmp_path / "b.png")
     with pytest.raises(ValueError, match="first images"):
         namc.describe(model, [tmp_path / "a.png"], [])
+    for first, second in ((["a.png"], "b.png"), ("a.png", ["b.png"])):
+        with pytest.raises(ValueError, match="not one image and a list"):
+            namc.describe(model, first, second)
 
 
 def test_grid_trainable_option(tokenizer, batch):

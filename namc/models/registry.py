@@ -13,11 +13,11 @@ from typing import Any
 
 from namc.models.config import NAMCConfig
 from namc.models.hub import is_hub_id, resolve_model_path
-from namc.models.io import NAMC_KEY, checkpoint_state_dict, load_strict, read_checkpoint
+from namc.models.io import NAMC_KEY, checkpoint_parts, checkpoint_state_dict, load_strict, read_checkpoint
 from namc.models.namc import NAMC
 from namc.models.shortlist import Shortlist
 from namc.models.skip_init import skip_random_init
-from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer, tokenizer_from_dict
+from namc.text.tokenizer import CaptionTokenizer, ClipBPETokenizer, WordTokenizer
 from namc.text.vocab import default_word_texts
 
 __all__ = ["create_model", "list_models", "load_model", "model_config", "register_model"]
@@ -106,8 +106,7 @@ def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
     else:
         ckpt = read_checkpoint(path)
         entry = ckpt[NAMC_KEY]
-        config = NAMCConfig.from_dict({**entry["config"], **dict.fromkeys(_PART_PATHS)})
-        tokenizer = tokenizer_from_dict(entry["tokenizer"], where=str(path))
+        config, tokenizer = checkpoint_parts(ckpt, path, **dict.fromkeys(_PART_PATHS))
         with skip_random_init():  # every weight comes from the checkpoint, loaded strictly below
             model = NAMC(config, tokenizer)
         load_strict(model, checkpoint_state_dict(ckpt), what=f"NAMC weights from {path}")
