@@ -11,7 +11,9 @@ Scripting, per request: the request's text may hold a directive ``[[a,b,c]]``; a
 - ``off``: an off-template one; ``empty``: an empty message;
 - ``429`` or ``429:S``: HTTP 429 with ``Retry-After: S`` (default 0); ``500``: HTTP 500;
 - ``slow``: the ``ok`` answer after ``slow_seconds`` (past the client's timeout in the tests);
-- ``drop``: close the connection without answering.
+- ``drop``: close the connection without answering;
+- ``garbled``: HTTP 200, ``application/json``, a body that is not JSON; ``cut``: an answer that ends in half an
+  emoji (a lone surrogate, ``\ud83d``, as JSON can carry it); ``nousage``: usage counts that are not numbers.
 
 A request without a directive gets ``ok``. ``latency`` delays every answer (the benchmark's 2 s server).
 
@@ -156,8 +158,8 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
-    def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
+    def _send(self, status: int, payload: dict[str, Any] | bytes, headers: dict[str, str] | None = None) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -199,11 +201,17 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(500, "internal error", "server_error")
         if action == "slow":
             time.sleep(server.slow_seconds)
+        if action == "garbled":
+            return self._send(200, b'{"id": "chatcmpl-1", "choices": [{"index"')
         content = {"off": OFF_TEMPLATE_ANSWER, "empty": ""}.get(action)
         if content is None:
             content = server.answer(text, images)
-        prompt_tokens = len(text.split()) + 64 * len(images)
-        completion_tokens = len(content.split())
+        if action == "cut":
+            content += " \ud83d"
+        prompt_tokens: Any = len(text.split()) + 64 * len(images)
+        completion_tokens: Any = len(content.split())
+        if action == "nousage":
+            prompt_tokens = completion_tokens = "n/a"
         self._send(
             200,
             {

@@ -75,6 +75,9 @@ def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> 
         3: {"caption1": "c [[slow]]"}, 4: {"caption1": "d [[off]]"}, 5: {"caption1": "e [[empty]]"},
         6: {"image2": "missing.png"}, 7: {"image1": "broken.png"}, 8: {"source": "std"},  # std without difference
         9: {"source": "ip2p", "instruction": "make it blue"}, 10: {"source": "std", "difference": "a cube moved"},
+        11: {"caption1": "f [[garbled]]"}, 12: {"caption1": "g [[cut]]"}, 13: {"caption1": "h [[nousage]]"},
+        14: {"source": "ip2p_folder", "instruction": "make it red"},  # a source named by its kind
+        15: {"source": "my_edits", "instruction": "make it green"},  # a name of the user's: the pair's fields
     }  # fmt: skip
     _write_pairs(pairs, shapes, 16, extra)
     with open(pairs, "a", encoding="utf-8") as f:
@@ -85,9 +88,9 @@ def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> 
         assert describe_cli.main(args) == 0
         summary = json.loads(out.with_name("descriptions.summary.json").read_text())
         assert summary["lines"] == 18
-        assert summary["ok"] == 16 - 5 and summary["retried_ok"] == 2
+        assert summary["ok"] == 16 - 6 and summary["retried_ok"] == 2
         assert summary["failed"] == {"server_error": 1, "timeout": 1, "missing_image": 1, "corrupt_image": 1,
-                                     "missing_field": 1}  # fmt: skip
+                                     "missing_field": 1, "bad_response": 1}  # fmt: skip
         assert summary["skipped"] == {"malformed_line": 1, "duplicate_id": 1}
         assert summary["retries"] == {"rate_limit": 1, "server_error": 2, "connection": 1, "timeout": 2}
         assert summary["completion_tokens"] > 0 and summary["prompt_tokens"] > summary["completion_tokens"]
@@ -97,7 +100,10 @@ def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> 
         ids = [r["id"] for r in shapes["records"][:16]]
         assert by_id[ids[6]]["error_kind"] == "missing_image" and "missing.png" in by_id[ids[6]]["error"]
         assert by_id[ids[8]]["error_kind"] == "missing_field" and "difference" in by_id[ids[8]]["error"]
-        assert [by_id[ids[i]]["prompt"] for i in (0, 9, 10)] == ["cc3m", "ip2p", "std"]
+        assert [by_id[ids[i]]["prompt"] for i in (0, 9, 10, 14, 15)] == ["cc3m", "ip2p", "std", "ip2p", "ip2p"]
+        assert by_id[ids[11]]["error_kind"] == "bad_response"  # a 200 whose body is not JSON: counted, run goes on
+        assert by_id[ids[12]]["text"].endswith(" \ufffd")  # half an emoji: the replacement character
+        assert by_id[ids[13]]["status"] == "ok"  # usage counts that are not numbers: the answer is kept
         assert by_id[ids[0]]["attempts"] == 2 and (out.parent / by_id[ids[0]]["image1"]).is_file()
         requests = sum(server.actions.values())
 
@@ -105,14 +111,14 @@ def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> 
         again = json.loads(out.with_name("descriptions.summary.json").read_text())
         assert again["resumed"] == 16 and again["ok"] == 0 and sum(server.actions.values()) == requests
 
-        assert describe_cli.main([*args, "--retry-failed"]) == 0  # the 5 failed pairs only: they fail again
+        assert describe_cli.main([*args, "--retry-failed"]) == 0  # the 6 failed pairs only: they fail again
         retry = json.loads(out.with_name("descriptions.summary.json").read_text())
-        assert retry["resumed"] == 11 and sum(retry["failed"].values()) == 5
+        assert retry["resumed"] == 10 and sum(retry["failed"].values()) == 6
     assert filter_cli.main(["--results", str(out)]) == 0
     manifest = _results(out.parent / "manifest.jsonl")
     rejects = _results(out.parent / "rejects.jsonl")
-    assert len(manifest) == 16 - 5 - 2 and len(rejects) == 5 + 2
-    assert Counter(r["reason"] for r in rejects) == {"request_failed": 5, "off_template": 1, "empty": 1}
+    assert len(manifest) == 16 - 6 - 2 and len(rejects) == 6 + 2
+    assert Counter(r["reason"] for r in rejects) == {"request_failed": 6, "off_template": 1, "empty": 1}
     assert [m["id"] for m in manifest] == sorted(m["id"] for m in manifest)
     assert all((out.parent / m["image1"]).is_file() for m in manifest)  # refs rebased for the manifest's folder
 

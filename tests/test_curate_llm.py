@@ -73,6 +73,10 @@ def test_describe_prompt_per_source() -> None:
     )
     kind, text = describe_prompt("my_folder", "cap {caption} one", "cap {template} two")
     assert kind == "cc3m" and prompt_kind("CC3M") == "cc3m"
+    # a source named by its kind (no name given), or by a name of the user's: the pair's fields decide
+    assert prompt_kind("ip2p_folder") == prompt_kind("ip2p_parquet") == "ip2p" and prompt_kind("spot_the_diff") == "std"
+    assert describe_prompt("pix2pix", "a cat", "a dog", instruction="make it a dog")[0] == "ip2p"
+    assert prompt_kind("my_diffs", difference="the car is gone") == "std" and prompt_kind("my_diffs", " ") == "cc3m"
     # one pass: placeholder text inside a caption is inserted verbatim, the real slots are all filled
     assert "described as: cap {caption} one. Second image could be described as: cap {template} two." in text
     assert text.endswith(f"'{TEMPLATE}'.")
@@ -128,6 +132,7 @@ async def _ask_all(config: ClientConfig, texts: list[str]) -> tuple[list[object]
         ("[[500]]", "server_error", 3, {"server_error": 2}),
         ("[[slow]]", "timeout", 3, {"timeout": 2}),
         ("[[drop]]", "connection", 3, {"connection": 2}),
+        ("[[garbled]]", "bad_response", 1, {}),  # a 200 whose body is not JSON: not retried, not a crash
     ],
 )
 def test_each_failure_kind_has_its_outcome(directive: str, outcome: str, attempts: int, retried: dict) -> None:

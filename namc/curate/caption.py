@@ -44,6 +44,7 @@ from namc.curate.llm import (
 from namc.curate.llm.runner import read_jsonl_objects
 from namc.curate.llm.store import atomic_write_text, last_results, read_at
 from namc.curate.prompts import CAPTION_PROMPT
+from namc.data.jsonl import json_line
 from namc.data.refs import rebase_ref
 
 __all__ = ["caption_jobs", "main", "write_captions"]
@@ -111,7 +112,7 @@ def write_captions(results: Path, out: Path) -> int:
             r = read_at(f, where[key])
             text = r.get("text")
             if r.get("status") == "ok" and isinstance(text, str) and text.strip():
-                dst.write(json.dumps({"key": key, "caption": " ".join(text.split())}, ensure_ascii=False) + "\n")
+                dst.write(json_line({"key": key, "caption": " ".join(text.split())}))
                 n += 1
     os.replace(partial, out)
     return n

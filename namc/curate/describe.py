@@ -111,7 +111,8 @@ def _file_jobs(
             summary.resumed += 1
         else:
             source = str(pair.get("source") or "unknown")
-            fields: dict[str, Any] = {"source": source, "prompt": prompt_kind(source)}
+            kind = prompt_kind(source, pair.get("instruction"), pair.get("difference"))
+            fields: dict[str, Any] = {"source": source, "prompt": kind}
             refs = [pair.get("image1"), pair.get("image2")]
             for slot, ref in zip(("image1", "image2"), refs):
                 fields[slot] = rebase_ref(ref, base, out_dir) if isinstance(ref, str) and ref.strip() else None

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from namc.data.jsonl import json_line
 from namc.models.files import atomic_write_text, read_json
 
 __all__ = [
@@ -97,7 +98,7 @@ def write_shard(
     if any("\n" in k or "\r" in k for k in keys):
         raise ValueError(f"shard {index}: an image key holds a line break")
     atomic_write_text(shard_path(directory, index, ".keys.txt"), "".join(f"{k}\n" for k in keys))
-    lines = "".join(json.dumps(s, ensure_ascii=False, sort_keys=True) + "\n" for s in skipped)
+    lines = "".join(json_line(s, sort_keys=True) for s in skipped)
     atomic_write_text(shard_path(directory, index, ".skipped.jsonl"), lines)
     atomic_save_npy(shard_path(directory, index, ".npy"), features.astype(np.float16))
 

@@ -36,6 +36,7 @@ from typing import Any
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.llm.store import atomic_write_text, last_results, read_at
 from namc.data.corpus.records import parse_record
+from namc.data.jsonl import json_line
 from namc.data.refs import rebase_ref
 from namc.text.template import TemplateStats
 
@@ -136,12 +137,12 @@ def filter_results(results: str | Path, manifest: str | Path, rejects: str | Pat
             reason = report.stats.add(text, source)
             if reason is not None:
                 row = {"id": pair_id, "source": source, "reason": reason.value, "text": text}
-                bad.write(json.dumps(row, ensure_ascii=False) + "\n")
+                bad.write(json_line(row))
                 continue
             obj = {"id": pair_id, "source": source, "description": text}
             obj["image1"], obj["image2"] = (rebase_ref(x, src_dir, dst_dir) for x in refs)
             record = parse_record(obj)  # cannot fail: the template and the refs were checked above
-            good.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+            good.write(json_line(record.to_json()))
             report.accepted += 1
     os.replace(good.name, manifest)
     os.replace(bad.name, rejects)

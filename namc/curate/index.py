@@ -29,6 +29,7 @@ from typing import Any
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.sources import ImageItem, PairItem, SourceSpec, check_image, iter_source
 from namc.data.issues import DataIssues, IssueKind, RecordError
+from namc.data.jsonl import json_line
 from namc.data.transforms import MAX_IMAGE_PIXELS, pixel_cap_arg
 
 __all__ = ["IMAGES_FILE", "SOURCE_PAIRS_FILE", "IndexReport", "build_index", "main", "pair_line"]
@@ -161,10 +162,10 @@ def build_index(
                         line: dict[str, Any] = {"key": item.key, "source": spec.name, "image": item.ref}
                         if item.caption:
                             line["caption"] = item.caption
-                        fi.write(json.dumps(line, ensure_ascii=False) + "\n")
+                        fi.write(json_line(line))
                         report.images += 1
                     else:
-                        fp.write(json.dumps(pair_line(item, spec.name), ensure_ascii=False) + "\n")
+                        fp.write(json_line(pair_line(item, spec.name)))
                         report.pairs += 1
                     report.issues.add_ok()
                     n += 1

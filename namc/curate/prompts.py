@@ -17,8 +17,11 @@ Choices (the paper is silent on these):
   paragraph" for Spot-the-Diff and InstructPix2Pix images without printing that prompt. :data:`CAPTION_PROMPT` is
   ours: it asks for one detailed paragraph, which is what LLaVA-ReCap's captions are.
 - **Source names.** :func:`prompt_kind` maps ``std``/``spot_the_diff``/``sp`` to the Spot-the-Diff prompt and
-  ``ip2p``/``instructpix2pix``/``ip`` to the InstructPix2Pix prompt (case- and ``-``/``_``-insensitive); anything
-  else gets the CC3M prompt, as the issue asks ("CC3M and any other source").
+  ``ip2p``/``instructpix2pix``/``ip`` and the source kinds ``ip2p_folder``/``ip2p_parquet`` (the name a source
+  gets when none is given) to the InstructPix2Pix prompt (case- and ``-``/``_``-insensitive). A pair of any other
+  source name that carries an edit ``instruction`` gets the InstructPix2Pix prompt, one with a human ``difference``
+  the Spot-the-Diff prompt (its own name, say ``pix2pix``, must not lose what the pair has), and any other pair
+  the CC3M prompt, as the issue asks ("CC3M and any other source").
 - **Filling.** Placeholders are filled in one pass from left to right, so a caption that itself contains the text
   ``{caption}`` or ``{template}`` is inserted verbatim and never re-expanded. A value's surrounding whitespace is
   stripped and a final period removed, because the instruction already puts ". " after every slot
@@ -88,6 +91,8 @@ _KIND_OF_SOURCE = {
     "spotthediff": "std",
     "sp": "std",
     "ip2p": "ip2p",
+    "ip2pfolder": "ip2p",
+    "ip2pparquet": "ip2p",
     "instructpix2pix": "ip2p",
     "ip": "ip2p",
     "cc3m": "cc3m",
@@ -100,10 +105,17 @@ class PromptError(ValueError):
     """A pair lacks a field its source's instruction needs (the message names the field)."""
 
 
-def prompt_kind(source: str) -> str:
-    """``"std"``, ``"ip2p"`` or ``"cc3m"``: which instruction of appendix D.2 a pair of ``source`` gets."""
+def prompt_kind(source: str, instruction: object = None, difference: object = None) -> str:
+    """``"std"``, ``"ip2p"`` or ``"cc3m"``: which instruction of appendix D.2 a pair of ``source`` gets; for a source
+    name not in the table, the pair's own ``instruction`` or ``difference`` decides (module docstring)."""
     key = re.sub(r"[-_\s]", "", source.lower())
-    return _KIND_OF_SOURCE.get(key, "cc3m")
+    if key in _KIND_OF_SOURCE:
+        return _KIND_OF_SOURCE[key]
+    if isinstance(instruction, str) and instruction.strip():
+        return "ip2p"
+    if isinstance(difference, str) and difference.strip():
+        return "std"
+    return "cc3m"
 
 
 def _clean(value: str) -> str:
@@ -162,7 +174,7 @@ def describe_prompt(
     Raises:
         PromptError: a required field is missing or empty, naming it (``caption1``, ``instruction``, ...).
     """
-    kind = prompt_kind(source)
+    kind = prompt_kind(source, instruction, difference)
     fields = {"caption1": caption1, "caption2": caption2}
     if kind == "std":
         fields["difference"] = difference

@@ -43,6 +43,7 @@ from namc.curate.audit.report import render_html, thumbnail_url
 from namc.curate.audit.score import flag_spans, score_manifest
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.data.issues import DataIssues
+from namc.data.jsonl import json_line
 from namc.data.refs import read_ref, rebase_ref
 from namc.eval.noise import auroc
 from namc.models.files import atomic_write_text
@@ -135,7 +136,7 @@ def run_audit(
                     "spans1": flag_spans(w1, s1, t), "words2": w2, "scores2": _round(s2),
                     "spans2": flag_spans(w2, s2, t), "flagged_fraction": round(frac, 4),
                     "max_score": round(max(scored), 4) if scored else None}  # fmt: skip
-            dst.write(json.dumps(item, ensure_ascii=False) + "\n")
+            dst.write(json_line(item))
             for k, s in (("noise1", s1), ("noise2", s2)):
                 if rec.get(k) is not None:
                     for x, y in zip(s, rec[k]):
@@ -147,7 +148,7 @@ def run_audit(
                 for key in ("image1", "image2", "codes"):
                     if rec.get(key):
                         moved[key] = rebase_ref(rec[key], manifest.parent, out)
-                filt.write(json.dumps(moved, ensure_ascii=False) + "\n")
+                filt.write(json_line(moved))
                 kept += 1
             entry = (frac, -i, {**item, "verb1": rec["verb1"], "verb2": rec["verb2"], "refs": rec})
             if len(top) < html_pairs:

@@ -158,6 +158,14 @@ class RateLimiter:
             await asyncio.sleep(delay)
 
 
+def _tokens(value: object) -> int:
+    """A usage count as the server wrote it; 0 where it wrote none or no number (usage is bookkeeping only)."""
+    try:
+        return max(0, int(value or 0))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
+
 class LLMClient:
     """Chat completions with bounded concurrency, retries, an optional rate limit and usage accounting.
 
@@ -192,19 +200,28 @@ class LLMClient:
     async def _once(self, messages: list[dict[str, Any]]) -> Completion:
         c = self.config
         extra: dict[str, Any] = {} if c.seed is None else {"seed": c.seed}
-        response = await self._client.chat.completions.create(
-            model=c.model, messages=messages, max_tokens=c.max_tokens, temperature=c.temperature, **extra
-        )
+        try:
+            response = await self._client.chat.completions.create(
+                model=c.model, messages=messages, max_tokens=c.max_tokens, temperature=c.temperature, **extra
+            )
+        except openai.OpenAIError:
+            raise  # classified by complete()
+        except (ValueError, TypeError, KeyError, AttributeError) as err:  # a 200 whose body does not parse
+            raise RequestFailed("bad_response", f"unreadable answer: {type(err).__name__}: {err}", 1, {}) from None
         try:
             choice = response.choices[0]
             text = choice.message.content or ""
         except (AttributeError, IndexError, TypeError) as err:
             raise RequestFailed("bad_response", f"no choices[0].message in the answer: {err}", 1, {}) from None
+        if not isinstance(text, str):
+            raise RequestFailed("bad_response", f"the answer's content is a {type(text).__name__}, not text", 1, {})
+        # a lone surrogate ("\ud83d": an emoji cut in half) is no character: U+FFFD, so the text is valid UTF-8
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         usage = response.usage
         return Completion(
             text=text,
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            prompt_tokens=_tokens(getattr(usage, "prompt_tokens", 0)),
+            completion_tokens=_tokens(getattr(usage, "completion_tokens", 0)),
             attempts=1,
             finish_reason=getattr(choice, "finish_reason", None),
         )

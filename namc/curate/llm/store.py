@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from namc.data.jsonl import json_line
+
 __all__ = ["ResultStore", "atomic_write_text", "iter_results", "last_results", "read_at"]
 
 logger = logging.getLogger(__name__)
@@ -151,7 +153,7 @@ class ResultStore:
         """Writes one result line (one ``write`` call per chunk the kernel accepts; newline last)."""
         if self._fd is None:
             raise RuntimeError("ResultStore.open() first")
-        data = (json.dumps(result, ensure_ascii=False) + "\n").encode("utf-8")
+        data = json_line(result).encode("utf-8")
         view = memoryview(data)
         while view:
             written = os.write(self._fd, view)

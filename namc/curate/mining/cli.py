@@ -28,6 +28,7 @@ from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.features import FeaturesError, load_features, read_meta
 from namc.curate.mining.candidates import Thresholds
 from namc.curate.mining.pipeline import MiningConfig, Pair, mine_pairs
+from namc.data.jsonl import json_line
 from namc.data.refs import rebase_ref
 
 __all__ = ["build_parser", "main", "write_pairs"]
@@ -141,7 +142,7 @@ def write_pairs(pairs: list[Pair], keys: list[str], images: Path, out: Path) -> 
                 if src.get("caption"):
                     line[name] = src["caption"]
             line.update(sim_clip=round(p.sim_clip, 4), sim_dino=round(p.sim_dino, 4), cluster=p.cluster)
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+            f.write(json_line(line))
             n += 1
     os.replace(partial, out)
     return n, dropped

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from namc.data.issues import IssueKind, RecordError
+from namc.data.jsonl import json_line
 from namc.data.transforms import ImageTooLargeError
 from namc.text.template import TemplateError, normalize_whitespace, parse
 
@@ -276,4 +277,4 @@ def write_manifest(records: Sequence[CorpusRecord], path: str | Path) -> None:
     """Writes records as a JSONL manifest (one compact JSON object per line)."""
     with open(path, "w", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+            f.write(json_line(r.to_json()))
