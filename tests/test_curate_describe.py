@@ -147,15 +147,21 @@ def test_filter_table14_statistics(shapes: dict, tmp_path: Path) -> None:
     assert stats["accepted"] == 7 and stats["results"] == 8
 
 
-def test_caption_step_then_describe_with_joined_captions(shapes: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("keys", [True, False], ids=["key1/key2", "no keys: images keyed by reference"])
+def test_caption_step_then_describe_with_joined_captions(shapes: dict, tmp_path: Path, keys: bool) -> None:
     pairs = tmp_path / "pairs.jsonl"
     _write_pairs(pairs, shapes, 4, captions=False)
+    if not keys:  # a user's own pairs file: caption keys its images by reference, describe must join the same way
+        lines = [json.loads(line) for line in pairs.read_text().splitlines()]
+        pairs.write_text("".join(json.dumps({k: v for k, v in p.items() if k[:3] != "key"}) + "\n" for p in lines))
     with LLMServer() as server:
         out = tmp_path / "captions.jsonl"
         assert caption_cli.main(["--pairs", str(pairs), "--out", str(out), "--base-url", server.url, *FAST]) == 0
         captions = _results(out)
-        keys = {f"{r['id']}/{k}" for r in shapes["records"][:4] for k in (1, 2)}
-        assert len(captions) == 8 and {c["key"] for c in captions} == keys
+        lines = [json.loads(line) for line in pairs.read_text().splitlines()]
+        expected = {f"{r['id']}/{k}" for r in shapes["records"][:4] for k in (1, 2)} if keys else {
+            p[f"image{k}"] for p in lines for k in (1, 2)}  # fmt: skip
+        assert len(captions) == 8 and {c["key"] for c in captions} == expected
         assert server.images_seen == 8  # one image per caption request
         res = tmp_path / "descriptions.jsonl"
         args = ["--pairs", str(pairs), "--captions", str(out), "--out", str(res), "--base-url", server.url, *FAST]
@@ -282,3 +288,19 @@ def test_describe_reads_its_yaml_section(shapes: dict, tmp_path: Path, capsys: p
     with LLMServer() as server:
         assert describe_cli.main(["--config", str(config), "--base-url", server.url, "--quiet"]) == 0
     assert len(_results(tmp_path / "descriptions.jsonl")) == 2  # WORKDIR/pairs.jsonl -> WORKDIR/descriptions.jsonl
+
+
+def test_filter_takes_hand_made_results_lines_without_crashing(tmp_path: Path) -> None:
+    """A blank source is "unknown" (not a record that fails validation), a blank id a counted rejection."""
+    from namc.curate.filtering import filter_results
+
+    text = ("The difference between the two images is that the first image shows a red cube, while the second image "
+            "shows a blue cube.")  # fmt: skip
+    rows = [{"id": i, "source": src, "image1": "a.png", "image2": "b.png", "status": "ok", "text": text}
+            for i, src in (("p0", "cc3m"), ("p1", " "), (" ", "cc3m"))]  # fmt: skip
+    (tmp_path / "descriptions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = filter_results(tmp_path / "descriptions.jsonl", tmp_path / "manifest.jsonl", tmp_path / "rejects.jsonl")
+    assert report.accepted == 2
+    assert [m["source"] for m in _results(tmp_path / "manifest.jsonl")] == ["cc3m", "unknown"]
+    (reject,) = _results(tmp_path / "rejects.jsonl")
+    assert reject["reason"] == "bad_result" and "id" in reject["detail"]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from namc.curate.config import add_config_arguments, parse_with_config
-from namc.curate.describe import count_lines, summary_path
+from namc.curate.describe import count_lines, image_key, summary_path
 from namc.curate.llm import (
     BadInput,
     Job,
@@ -61,9 +61,7 @@ def _images(path: Path, summary: RunSummary, from_pairs: bool) -> Iterator[tuple
             continue
         summary.lines += 1  # a pairs line holds two images: count both
         for slot in ("1", "2"):
-            ref = obj.get("image" + slot)
-            key = obj.get("key" + slot) if isinstance(obj.get("key" + slot), str) else ref
-            yield (key if isinstance(key, str) else f"{obj['id']}/image{slot}"), ref, obj.get("caption" + slot)
+            yield image_key(obj, slot), obj.get("image" + slot), obj.get("caption" + slot)
 
 
 def caption_jobs(

@@ -69,12 +69,20 @@ def load_captions(path: str | Path) -> dict[str, str]:
     return out
 
 
+def image_key(pair: dict[str, Any], slot: str) -> str:
+    """The key of a pairs line's image ``slot`` (``"1"``, ``"2"``) in a captions JSONL: its ``key1``/``key2``, else
+    its reference ``image1``/``image2``, else ``ID/image1``; ``namc curate caption --pairs`` keys it the same."""
+    for key in (pair.get("key" + slot), pair.get("image" + slot)):
+        if isinstance(key, str):
+            return key
+    return f"{pair.get('id')}/image{slot}"
+
+
 def _caption(pair: dict[str, Any], slot: str, captions: dict[str, str]) -> str | None:
     own = pair.get("caption" + slot)
     if isinstance(own, str) and own.strip():
         return own
-    key = pair.get("key" + slot)
-    return captions.get(key) if isinstance(key, str) else None
+    return captions.get(image_key(pair, slot))
 
 
 def describe_jobs(
@@ -110,7 +118,7 @@ def _file_jobs(
         if pair["id"] in store.done:
             summary.resumed += 1
         else:
-            source = str(pair.get("source") or "unknown")
+            source = str(pair.get("source") or "").strip() or "unknown"
             kind = prompt_kind(source, pair.get("instruction"), pair.get("difference"))
             fields: dict[str, Any] = {"source": source, "prompt": kind}
             refs = [pair.get("image1"), pair.get("image2")]

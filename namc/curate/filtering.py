@@ -35,7 +35,7 @@ from typing import Any
 
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.llm.store import atomic_write_text, last_results, read_at
-from namc.data.corpus.records import parse_record
+from namc.data.corpus.records import RecordError, parse_record
 from namc.data.jsonl import json_line
 from namc.data.refs import rebase_ref
 from namc.text.template import TemplateStats
@@ -120,7 +120,7 @@ def filter_results(results: str | Path, manifest: str | Path, rejects: str | Pat
     with open(results, "rb") as f, _write_partial(manifest) as good, _write_partial(rejects) as bad:
         for pair_id in sorted(where):
             r = read_at(f, where[pair_id])
-            source = str(r.get("source") or "unknown")
+            source = str(r.get("source") or "").strip() or "unknown"
             if r.get("status") != "ok":
                 report.failed[source] += 1
                 detail = f"{r.get('error_kind')}: {r.get('error')}"
@@ -141,7 +141,12 @@ def filter_results(results: str | Path, manifest: str | Path, rejects: str | Pat
                 continue
             obj = {"id": pair_id, "source": source, "description": text}
             obj["image1"], obj["image2"] = (rebase_ref(x, src_dir, dst_dir) for x in refs)
-            record = parse_record(obj)  # cannot fail: the template and the refs were checked above
+            try:
+                record = parse_record(obj)  # the template and the refs were checked above; the id was not
+            except RecordError as err:
+                report.failed[source] += 1
+                bad.write(json_line({"id": pair_id, "source": source, "reason": "bad_result", "detail": str(err)}))
+                continue
             good.write(json_line(record.to_json()))
             report.accepted += 1
     os.replace(good.name, manifest)
