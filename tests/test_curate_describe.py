@@ -304,3 +304,11 @@ def test_filter_takes_hand_made_results_lines_without_crashing(tmp_path: Path) -
     assert [m["source"] for m in _results(tmp_path / "manifest.jsonl")] == ["cc3m", "unknown"]
     (reject,) = _results(tmp_path / "rejects.jsonl")
     assert reject["reason"] == "bad_result" and "id" in reject["detail"]
+
+
+def test_the_last_caption_of_a_key_wins(tmp_path: Path) -> None:
+    from namc.curate.describe import load_captions
+
+    lines = [{"key": "k1", "caption": "old caption"}, {"key": "k2", "caption": "b"}, {"key": "k1", "caption": "fixed"}]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{broken\n")
+    assert load_captions(tmp_path / "c.jsonl") == {"k1": "fixed", "k2": "b"}

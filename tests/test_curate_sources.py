@@ -310,6 +310,13 @@ def test_a_pipeline_yaml_error_is_one_line_naming_the_file(tmp_path: Path, capsy
     config.write_text("index: [not, a, mapping]\n")
     assert _exit_status(["index", "--config", str(config)]) == 2
     assert str(config) in capsys.readouterr().err.strip().splitlines()[-1]
+    config.write_text("describe:\n  pairs: [p.jsonl]\n  concurrency: sixteen\n")  # a value of the wrong type
+    assert _exit_status(["describe", "--config", str(config)]) == 2
+    assert f"{config}: describe.concurrency: 'sixteen'" in capsys.readouterr().err.strip().splitlines()[-1]
+    config.write_text(f"describe:\n  pairs: {tmp_path / 'p.jsonl'}\n  out: {tmp_path / 'd.jsonl'}\n")
+    (tmp_path / "p.jsonl").write_text("")  # one file for a list option: a list of one
+    assert _exit_status(["describe", "--config", str(config), "--print_config"]) == 0
+    assert f"pairs:\n  - {tmp_path / 'p.jsonl'}\n" in capsys.readouterr().out
 
 
 def test_pipeline_yaml_parses_for_index_and_pairs(capsys: pytest.CaptureFixture[str]) -> None:

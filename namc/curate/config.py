@@ -114,8 +114,17 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | Non
                 known = ", ".join(sorted(actions))
                 parser.error(f"{first.config}: section {section!r} has unknown key {key!r} (known: {known})")
             action = actions[dest]
+            if action.nargs in ("+", "*") and value is not None and not isinstance(value, list):
+                value = [value]  # one file given as a scalar for a list option
             if action.type is not None and value is not None:
-                value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
+                try:
+                    value = [action.type(v) for v in value] if isinstance(value, list) else action.type(value)
+                except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+                    parser.error(f"{first.config}: {section}.{key}: {value!r}: {err}")
+            if action.choices is not None and value is not None:
+                bad = [v for v in (value if isinstance(value, list) else [value]) if v not in action.choices]
+                if bad:
+                    parser.error(f"{first.config}: {section}.{key}: {bad[0]!r} is not one of {list(action.choices)}")
             defaults[dest] = value
         parser.set_defaults(**defaults)
         # options the YAML supplies are no longer required on the command line

@@ -59,7 +59,7 @@ def load_captions(path: str | Path) -> dict[str, str]:
     malformed lines and empty captions are skipped and logged)."""
     out: dict[str, str] = {}
     summary = RunSummary()
-    for _, obj in read_jsonl_objects(path, summary, "key"):
+    for _, obj in read_jsonl_objects(path, summary, "key", unique=False):  # a corrected caption appended later wins
         caption = obj.get("caption")
         if isinstance(caption, str) and caption.strip():
             out[obj["key"]] = caption

@@ -215,11 +215,12 @@ def run_jobs(
 
 
 def read_jsonl_objects(
-    path: Any, summary: RunSummary, id_field: str, seen: set[str] | None = None
+    path: Any, summary: RunSummary, id_field: str, seen: set[str] | None = None, unique: bool = True
 ) -> Iterable[tuple[int, dict[str, Any]]]:
     """``(line_number, object)`` of a JSONL input, counting lines that are not JSON objects with a string
-    ``id_field`` as ``skipped["malformed_line"]`` (logged with the file and line) and later lines reusing an id as
-    ``skipped["duplicate_id"]`` (``seen``: ids of earlier files, to keep ids unique across several)."""
+    ``id_field`` as ``skipped["malformed_line"]`` (logged with the file and line) and, with ``unique``, later lines
+    reusing an id as ``skipped["duplicate_id"]`` (``seen``: ids of earlier files, to keep ids unique across several);
+    without it every line is yielded (a reader where the last line of an id wins)."""
     seen = set() if seen is None else seen
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
@@ -235,7 +236,7 @@ def read_jsonl_objects(
                 summary.skipped["malformed_line"] += 1
                 logger.warning("%s line %d: skipped: %s", path, number, str(err)[:200])
                 continue
-            if obj[id_field] in seen:
+            if unique and obj[id_field] in seen:
                 summary.skipped["duplicate_id"] += 1
                 logger.warning("%s line %d: skipped: %s %r already seen", path, number, id_field, obj[id_field])
                 continue
