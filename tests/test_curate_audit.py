@@ -110,6 +110,8 @@ def test_precision_recall_against_the_labels(world: dict) -> None:
     rows = precision_recall(np.array([0.9, 0.8, 0.3, 0.1]), np.array([True, False, True, False]), [0.5, 0.2])
     assert rows[0]["precision"] == 0.5 and rows[0]["recall"] == 0.5
     assert rows[1]["precision"] == pytest.approx(2 / 3) and rows[1]["recall"] == 1.0
+    (none,) = precision_recall(np.array([0.1, 0.2]), np.array([False, False]), [0.5])  # nothing flagged, no noise
+    assert none["precision"] is None and none["recall"] is None and "NaN" not in json.dumps(none)
 
 
 def test_html_report_is_self_contained_and_escaped(world: dict) -> None:

@@ -19,7 +19,15 @@ import torch
 from PIL import Image
 
 from namc.curate.encoders import TINY_CLIP_CONFIG, TINY_DINO_KWARGS, build_clip, build_dino
-from namc.curate.features import FeaturesError, load_features, read_meta, shard_path, write_meta, write_shard
+from namc.curate.features import (
+    FeaturesError,
+    load_features,
+    read_meta,
+    shard_path,
+    tally,
+    write_meta,
+    write_shard,
+)
 from namc.models.files import WeightsError
 from namc.models.io import save_safetensors
 
@@ -115,6 +123,15 @@ def test_features_format_round_trip_and_missing_shards(tmp_path: Path) -> None:
     assert keys == ["a", "b", "e"] and arr.dtype == np.float16 and arr.shape == (3, 3)
     np.testing.assert_allclose(arr.astype(np.float32), np.concatenate([rows, rows[:1]]), atol=1e-3)
     assert read_meta(tmp_path)["n_shards"] == 3
+    # file names may hold line separators that str.splitlines breaks at (U+2028, U+0085, a form feed)
+    odd = ["a\u2028b.jpg", "c\x85d\x0ce.jpg"]
+    write_shard(tmp_path, 1, odd, rows, [{"key": "f\u2029", "image": "f\u2029.jpg", "reason": "corrupt_image"}])
+    keys, arr = load_features(tmp_path)
+    assert keys == ["a", "b", *odd, "e"] and arr.shape == (5, 3)
+    assert tally(tmp_path, [0, 1, 2]) == (5, {"corrupt_image": 2})
+    shard_path(tmp_path, 2, ".npy").write_bytes(shard_path(tmp_path, 2, ".npy").read_bytes()[:-3])  # torn
+    with pytest.raises(FeaturesError, match="shard-00002.npy: unreadable"):
+        load_features(tmp_path)
 
 
 def test_embed_writes_features_and_counts_bad_images(tmp_path: Path) -> None:

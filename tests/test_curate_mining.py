@@ -323,3 +323,19 @@ def test_index_embed_stand_in_pairs_on_photos(tmp_path: Path) -> None:
     for p in pairs:
         assert p["key1"].split("/")[1] == p["key2"].split("/")[1]  # own/<photo>/<n>.jpg: the same photo
         assert read_ref(p["image1"], work)[:2] == b"\xff\xd8"  # JPEG
+
+
+def test_written_pairs_skip_and_count_malformed_image_lines(tmp_path: Path) -> None:
+    """An images.jsonl line without a usable key or image is counted, and its pairs dropped, after the mining ran
+    (not a crash that loses every pair)."""
+    from namc.curate.mining.cli import write_pairs
+    from namc.curate.mining.pipeline import Pair
+
+    lines = [{"key": "a", "image": "a.jpg"}, {"key": "b", "image": "b.jpg"}, {"key": "c"}, {"key": ["d"], "image": "d"},
+             {"key": "e", "image": "e.jpg", "caption": "an e"}]  # fmt: skip
+    (tmp_path / "images.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{broken\n")
+    pairs = [Pair(0, 1, 0, 0.9, 0.8), Pair(0, 2, 0, 0.9, 0.8), Pair(3, 4, 1, 0.9, 0.8), Pair(4, 0, 1, 0.9, 0.8)]
+    n, dropped = write_pairs(pairs, ["a", "b", "c", "d", "e"], tmp_path / "images.jsonl", tmp_path / "pairs.jsonl")
+    assert n == 2 and dropped == {"pairs_without_image_line": 2, "malformed_image_lines": 3}
+    written = [json.loads(x) for x in (tmp_path / "pairs.jsonl").read_text().splitlines()]
+    assert [(w["key1"], w["key2"]) for w in written] == [("a", "b"), ("e", "a")] and written[1]["caption1"] == "an e"

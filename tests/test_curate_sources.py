@@ -191,7 +191,7 @@ def _cc3m_shards(root: Path) -> None:
         _add(tar, "000000003.jpg", b"\xff\xd8 corrupt jpeg")
         _add(tar, "000000003.txt", b"broken")
         _add(tar, "000000004.txt", b"no image")  # img2dataset failure: a sample without its image
-        _add(tar, "000000005.jpg", _jpeg(5, mode="L"))  # grey: kept, counted as non-RGB
+        _add(tar, "000000005.JPG", _jpeg(5, mode="L"))  # grey: kept, counted as non-RGB; an upper-case extension
         _add(tar, "000000006.jpg", _jpeg(6, size=(300, 200)))  # over the test's pixel cap
     with tarfile.open(root / "00001.tar", "w") as tar:
         for i in range(10, 14):
@@ -220,7 +220,7 @@ def test_webdataset_shards_and_captions(tmp_path: Path) -> None:
     assert keys[4:] == ["cc3m/000000010", "cc3m/000000011"]  # the truncated shard's members before the damage
     assert [x.get("caption") for x in lines[:4]] == ["caption 0", "a long recaption", "full key wins", None]
     assert lines[0]["image"] == f"{(root / '00000.tar').absolute()}::000000000.jpg"
-    assert read_ref(lines[3]["image"]) == _jpeg(5, mode="L")
+    assert lines[3]["image"].endswith("::000000005.JPG") and read_ref(lines[3]["image"]) == _jpeg(5, mode="L")
     counts = report.issues.counts
     assert counts["corrupt_image"] == 1 and counts["incomplete_sample"] == 1 and counts["oversized_image"] == 1
     assert counts["corrupt_shard"] == 1 and counts["malformed_line"] == 1

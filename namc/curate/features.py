@@ -152,11 +152,17 @@ def tally(directory: str | Path, shards: Sequence[int]) -> tuple[int, dict[str, 
     """Rows and skipped images by reason over ``shards`` of a folder (for a run's summary)."""
     rows, reasons = 0, {}
     for i in shards:
-        rows += len(shard_path(directory, i, ".keys.txt").read_text(encoding="utf-8").splitlines())
-        for line in shard_path(directory, i, ".skipped.jsonl").read_text(encoding="utf-8").splitlines():
+        rows += len(_lines(shard_path(directory, i, ".keys.txt")))
+        for line in _lines(shard_path(directory, i, ".skipped.jsonl")):
             reason = json.loads(line)["reason"]
             reasons[reason] = reasons.get(reason, 0) + 1
     return rows, reasons
+
+
+def _lines(path: Path) -> list[str]:
+    """The lines of a file written one item per ``\n``-ended line. Not ``str.splitlines``, which also breaks at
+    U+2028, U+0085, form feeds and other characters that an image's file name (a key) may hold."""
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line]
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -202,8 +208,11 @@ def load_features(directory: str | Path, *, allow_missing: bool = False) -> tupl
     parts: list[np.ndarray] = []
     for i in done:
         path = shard_path(directory, i, ".npy")
-        arr = np.load(path, allow_pickle=False)
-        names = shard_path(directory, i, ".keys.txt").read_text(encoding="utf-8").splitlines()
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:
+            raise FeaturesError(f"{path}: unreadable ({err}); delete it and rerun `namc curate embed`") from None
+        names = _lines(shard_path(directory, i, ".keys.txt"))
         if arr.ndim != 2 or arr.shape[1] != dim or arr.shape[0] != len(names):
             raise FeaturesError(f"{path}: shape {arr.shape} for {len(names)} keys of width {dim}")
         keys += names

@@ -29,6 +29,7 @@ import argparse
 import heapq
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -57,7 +58,8 @@ _BINS = 4000  # histogram of irrelevance over [0, 2] for the quantile threshold 
 
 
 def precision_recall(scores: np.ndarray, labels: np.ndarray, thresholds: Sequence[float]) -> list[dict[str, float]]:
-    """Precision and recall of ``score >= t`` as a noise flag against word labels, per threshold."""
+    """Precision and recall of ``score >= t`` as a noise flag against word labels, per threshold; None where
+    undefined (nothing flagged, no noise word), which ``summary.json`` writes as ``null`` (strict JSON has no NaN)."""
     rows = []
     for t in thresholds:
         flag = scores >= t
@@ -68,11 +70,15 @@ def precision_recall(scores: np.ndarray, labels: np.ndarray, thresholds: Sequenc
             {
                 "threshold": round(float(t), 4),
                 "flagged": tp + fp,
-                "precision": tp / (tp + fp) if tp + fp else float("nan"),
-                "recall": tp / (tp + fn) if tp + fn else float("nan"),
+                "precision": tp / (tp + fp) if tp + fp else None,
+                "recall": tp / (tp + fn) if tp + fn else None,
             }
         )
     return rows
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(float(value)) else None
 
 
 def _quantile(hist: np.ndarray, q: float) -> float:
@@ -177,7 +183,7 @@ def run_audit(
         summary["noise_labels"] = {
             "words": int(y.size),
             "noise_words": int(y.sum()),
-            "auroc": auroc(torch.from_numpy(s), torch.from_numpy(y)),
+            "auroc": _finite(auroc(torch.from_numpy(s), torch.from_numpy(y))),  # None with one class only
             "precision_recall": precision_recall(s, y, grid),
         }
     pairs = []

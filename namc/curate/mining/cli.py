@@ -105,7 +105,9 @@ def _image_lines(images: Path, wanted: set[str]) -> tuple[dict[str, dict[str, An
         for raw in f:
             try:
                 obj = json.loads(raw.decode("utf-8"))
-                key = obj["key"]
+                key, image = obj["key"], obj["image"]
+                if not isinstance(key, str) or not isinstance(image, str) or not image.strip():
+                    raise TypeError("a line needs a string 'key' and a non-empty string 'image'")
             except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
                 bad += 1
                 continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import json
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,15 @@ def _caption(sample: dict[str, Any]) -> str | None:
     return None
 
 
+def _member_names(url: str) -> dict[str, str]:
+    """``{lower-cased member name: member name}`` of a tar shard (headers only; {} where they do not read)."""
+    try:
+        with tarfile.open(url) as tar:
+            return {name.lower(): name for name in tar.getnames()}
+    except (tarfile.TarError, OSError):
+        return {}
+
+
 @register_source("webdataset")
 def read_webdataset(spec: SourceSpec, issues: DataIssues) -> Iterator[ImageItem]:
     """Single images of img2dataset WebDataset shards (see the module docstring)."""
@@ -84,15 +94,17 @@ def read_webdataset(spec: SourceSpec, issues: DataIssues) -> Iterator[ImageItem]
             return True  # keep what was read; webdataset goes on with the next shard (there is none)
 
         dataset = wds.WebDataset([url], shardshuffle=False, handler=handler, empty_check=False)
+        members = _member_names(url)
         for sample in dataset:
             key = sample.get("__key__")
             ext = next((e for e in _IMAGE_EXTS if isinstance(sample.get(e), bytes)), None)
             if not isinstance(key, str) or ext is None:
                 issues.add(IssueKind.INCOMPLETE_SAMPLE, f"{url}::{key}", f"no image member ({', '.join(_IMAGE_EXTS)})")
                 continue
+            name = f"{key}.{ext}"  # webdataset lower-cases the extension: the reference needs the member's own name
             yield ImageItem(
                 key=f"{spec.name}/{key}",
-                ref=tar_ref(url, f"{key}.{ext}"),
+                ref=tar_ref(url, members.get(name.lower(), name)),
                 caption=_caption(sample),
                 data=sample[ext],
             )
