@@ -142,7 +142,7 @@ class BenchmarkDataset(Dataset):
         self.issues = DataIssues(self.name)
         self.entries: list[tuple[str, Path, Path, list[str], str | None]] = []
         self._pixels: dict[Path, np.ndarray] | None = None
-        self._counted: torch.Tensor | None = None  # (len(entries),) uint8, shared: how an item is counted (_COUNTED)
+        self._counted: torch.Tensor | None = None  # (len(entries),) uint8, shared: _UNCOUNTED, _ACCEPTED, _SKIPPED
 
     def enable_image_cache(self) -> BenchmarkDataset:
         """Keep every decoded image in memory (uint8, 3 x H x W bytes each) after its first read.
