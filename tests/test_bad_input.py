@@ -499,7 +499,7 @@ def test_bad_checkpoint_file(saved: Path, tmp_path: Path, case: str) -> None:
     if case in ("no_tokenizer", "bad_config"):  # a namc entry that is not what namc writes: its key named
         if case == "no_tokenizer":
             del entry["tokenizer"]
-            error, message = ConfigError, r"\['namc'\]\['tokenizer'\]: expected a tokenizer object"
+            error, message = ConfigError, r"\['namc'\]: expected a tokenizer object, got NoneType"
         else:
             entry["config"]["dim"] = "wide"
             error, message = ConfigError, r"\['namc'\]\['config'\].*dim"

@@ -207,15 +207,9 @@ class FDG(nn.Module):
     def _shortlist(self, vocabulary: Shortlist | Iterable[int] | None) -> Shortlist | None:
         if vocabulary is None:
             return None
-        if not isinstance(vocabulary, Shortlist):
-            return Shortlist(vocabulary, self.tok.weight.shape[0], self.eos_id)
-        if (vocabulary.vocab_size, vocabulary.eos_id) != (self.tok.weight.shape[0], self.eos_id):
-            raise ValueError(
-                f"the shortlist was built for a vocabulary of {vocabulary.vocab_size} ids with [EOS] "
-                f"{vocabulary.eos_id}, this model's has {self.tok.weight.shape[0]} with [EOS] {self.eos_id}: build it "
-                "with this model's shortlist()"
-            )
-        return vocabulary
+        if isinstance(vocabulary, Shortlist):
+            return vocabulary.fits(self.tok.weight.shape[0], self.eos_id)
+        return Shortlist(vocabulary, self.tok.weight.shape[0], self.eos_id)
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's cross-attention keys and values of (B, N, D) ``memory``, 2 x (B, H, N, E), contiguous: once

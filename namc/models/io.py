@@ -55,7 +55,6 @@ __all__ = [
     "ConfigError",
     "WeightsError",
     "checkpoint_entry",
-    "checkpoint_parts",
     "checkpoint_state_dict",
     "clean_state_dict",
     "load_state_dict",
@@ -390,11 +389,6 @@ def read_tokenizer(path: str | Path) -> CaptionTokenizer:
             "tokenizer.json) or a Lightning .ckpt written by `namc fit`; run the pre-training first "
             "(`namc fit --config configs/pretrain/namc_base.yaml` exports runs/pretrain_namc_base/model)"
         )
-    return _tokenizer_from(data, where, directory)
-
-
-def _tokenizer_from(data: Any, where: str, directory: Path | None) -> CaptionTokenizer:
-    """A tokenizer from decoded JSON, every problem a :class:`ConfigError` naming ``where``."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a tokenizer object, got {type(data).__name__}")
     try:
@@ -403,20 +397,3 @@ def _tokenizer_from(data: Any, where: str, directory: Path | None) -> CaptionTok
         raise ConfigError(f"{where}: not a namc tokenizer ({type(err).__name__}: {err})") from None
     except ValueError as err:
         raise ConfigError(str(err)) from None
-
-
-def checkpoint_parts(
-    ckpt: dict[str, Any], path: str | Path, **config_overrides: Any
-) -> tuple[NAMCConfig, CaptionTokenizer]:
-    """The config (with ``config_overrides``) and tokenizer of a checkpoint read by :func:`read_checkpoint`.
-
-    Raises:
-        ConfigError: either entry is missing or malformed (naming the file and the entry).
-    """
-    where = f"{path} ['{NAMC_KEY}']"
-    entry = ckpt[NAMC_KEY]
-    data = entry.get("config")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}['config']: expected a JSON object of config keys, got {type(data).__name__}")
-    config = _config_from({**data, **config_overrides}, f"{where}['config']")
-    return config, _tokenizer_from(entry.get("tokenizer"), f"{where}['tokenizer']", None)

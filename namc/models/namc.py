@@ -32,6 +32,7 @@ from namc.models.fdg import FDG, FDGConfig
 from namc.models.files import atomic_write_text, record_files
 from namc.models.grid import GridEncoder
 from namc.models.hub import resolve_model_path
+from namc.models.inputs import check_inputs
 from namc.models.io import (
     WEIGHTS_FILE,
     load_state_dict,
@@ -251,12 +252,10 @@ class NAMC(nn.Module):
         ``vocabulary``: the only tokens to generate (:mod:`namc.models.shortlist`), None for all.
 
         Raises:
-            ValueError: the two batches differ in size, an image batch is not (B, 3, S, S) floats with S the model's
-                ``image_size``, or ``max_new_tokens`` / ``num_beams`` is below 1.
+            ValueError: what :func:`~namc.models.inputs.check_inputs` refuses (batches of other sizes, shapes or
+                dtypes; ``max_new_tokens`` or ``num_beams`` below 1).
         """
-        rows = self._check_pairs(images_1, images_2, grid_1, grid_2)
-        if max_new_tokens is not None and max_new_tokens < 1 or num_beams < 1:
-            raise ValueError(f"max_new_tokens and num_beams must be at least 1, got {max_new_tokens} and {num_beams}")
+        rows = check_inputs(self.config.image_size, (images_1, images_2, grid_1, grid_2), max_new_tokens, num_beams)
         if rows == 0:
             return torch.zeros(0, 0, dtype=torch.long, device=self.fdg.tok.weight.device)
         if precision != "fp32":
@@ -273,26 +272,6 @@ class NAMC(nn.Module):
         memory = self.encode_pair(images_1, images_2, grid_1, grid_2)
         n = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         return self.fdg.generate(memory, n, num_beams, vocabulary=vocabulary)
-
-    def _check_pairs(self, *batches: torch.Tensor | None) -> int:
-        """The number of pairs in ``(images_1, images_2, grid_1, grid_2)``; ValueError naming what is wrong."""
-        names = ("images_1", "images_2", "grid_1", "grid_2")
-        given = {name: t for name, t in zip(names, batches) if t is not None}
-        for k in (0, 1):
-            if names[k] not in given and names[k + 2] not in given:
-                raise ValueError(f"give {names[k]} (or {names[k + 2]})")
-        side = self.config.image_size
-        for name, t in given.items():
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
-            if not t.is_floating_point():
-                raise ValueError(f"{name} must be floats in [0, 1], got {t.dtype} (divide uint8 pixels by 255)")
-            if name.startswith("images") and (t.dim() != 4 or tuple(t.shape[1:]) != (3, side, side)):
-                raise ValueError(f"{name} must be (B, 3, {side}, {side}) for this model, got {tuple(t.shape)}")
-        sizes = {name: t.shape[0] for name, t in given.items()}
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"the batches hold different numbers of pairs: {sizes}")
-        return next(iter(sizes.values()))
 
     def shortlist(self, captions: Iterable[str]) -> Shortlist:
         """The tokens of ``captions`` (say, the captions the model was fine-tuned on) as a shortlist for

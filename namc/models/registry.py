@@ -13,7 +13,14 @@ from typing import Any
 
 from namc.models.config import NAMCConfig
 from namc.models.hub import is_hub_id, resolve_model_path
-from namc.models.io import NAMC_KEY, checkpoint_parts, checkpoint_state_dict, load_strict, read_checkpoint
+from namc.models.io import (
+    NAMC_KEY,
+    checkpoint_state_dict,
+    load_strict,
+    read_checkpoint,
+    read_config,
+    read_tokenizer,
+)
 from namc.models.namc import NAMC
 from namc.models.shortlist import Shortlist
 from namc.models.skip_init import skip_random_init
@@ -106,7 +113,9 @@ def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
     else:
         ckpt = read_checkpoint(path)
         entry = ckpt[NAMC_KEY]
-        config, tokenizer = checkpoint_parts(ckpt, path, **dict.fromkeys(_PART_PATHS))
+        # its config and tokenizer as read_config / read_tokenizer check them (a bad entry: a ConfigError naming it)
+        config = dataclasses.replace(read_config(path), **dict.fromkeys(_PART_PATHS))
+        tokenizer = read_tokenizer(path)
         with skip_random_init():  # every weight comes from the checkpoint, loaded strictly below
             model = NAMC(config, tokenizer)
         load_strict(model, checkpoint_state_dict(ckpt), what=f"NAMC weights from {path}")

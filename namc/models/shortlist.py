@@ -118,6 +118,16 @@ class Shortlist:
         except ValueError as err:
             raise ValueError(f"{source}: {err}") from None
 
+    def fits(self, vocab_size: int, eos_id: int) -> Shortlist:
+        """This list, checked against a model's vocabulary (ValueError naming both where it was built for another:
+        it would index rows that are not there, or decode other tokens)."""
+        if (self.vocab_size, self.eos_id) != (vocab_size, eos_id):
+            raise ValueError(
+                f"the shortlist was built for a vocabulary of {self.vocab_size} ids with [EOS] {self.eos_id}, this "
+                f"model's has {vocab_size} with [EOS] {eos_id}: build it with this model's shortlist()"
+            )
+        return self
+
     def __len__(self) -> int:
         return self.ids.numel()
 
