@@ -265,6 +265,9 @@ def test_dispatch_and_usage(capsys: pytest.CaptureFixture, tmp_path: Path) -> No
     bad.write_text("{not json")
     assert main(["eval", str(bad), str(bad)]) == 2  # forwarded to namc.eval.captions.main
     assert "malformed JSON" in capsys.readouterr().err
+    bad.write_bytes(b'{"1": "caf\xe9"}')  # Latin-1, not UTF-8
+    assert main(["eval", str(bad), str(bad)]) == 2
+    assert f"{bad}: not UTF-8" in capsys.readouterr().err
 
 
 # run in a fresh interpreter: `namc COMMAND ARGV`, then whether torch was imported and the exit status

@@ -132,6 +132,45 @@ def test_rerun_skips_finished_runs_and_report_from_results_alone(tmp_path, monke
     assert sorted(calls) == [("b", 0), ("b", 1)]
 
 
+def test_stale_rows_foreign_seeds_best_checkpoint_and_a_moved_study(tmp_path, monkeypatch, capsys):
+    path = _study(tmp_path)
+    rows = _fake_rows(path)
+    out = tmp_path / "out"
+    (out / "study.yaml").parent.mkdir(parents=True, exist_ok=True)
+    (out / "study.yaml").write_text(path.read_text())
+    write_results(out, rows)
+    own = report_dir(out, fast=True, plots=False).read_text()
+    write_results(out, [*rows, {**rows[0], "seed": 7, "metrics": {"test/CIDEr-D": 90.0, "test/BLEU-4": 1.0}}])
+    assert report_dir(out, fast=True, plots=False).read_text() == own  # seed 7 is not the study's: not reported
+    assert experiment_main(["run", str(path), "--out", str(out), "--fast", "--seeds", "5", "--quiet"]) == 2
+    assert "no seed(s) [5]; the study has [0, 1]" in capsys.readouterr().err
+
+    def fails(self, variant, seed, plan):
+        raise runner_mod.RunError("namc fit failed (exit 1)")
+
+    monkeypatch.setattr(runner_mod._Runner, "run", fails)
+    spec = yaml.safe_load(path.read_text())
+    spec["variants"]["b"]["finetune"]["model.init_args.lr"] = 0.004  # b's config changes, and its reruns fail
+    path.write_text(yaml.safe_dump(spec))
+    _, failures = run_study(load_study(path, fast=True), out, progress=False)
+    assert len(failures) == 2  # the old config's rows of b are gone, not reported as b's results
+    assert sorted((r["variant"], r["seed"]) for r in read_results(out)) == [("a", 0), ("a", 1), ("a", 7)]
+
+    ckpts = tmp_path / "ckpts"  # the benchmark recipes' ModelCheckpoint(filename="best"), then last.ckpt
+    ckpts.mkdir()
+    (ckpts / "best.ckpt").write_text("epoch 3")
+    (ckpts / "last.ckpt").write_text("epoch 9")
+    assert runner_mod._best_checkpoint(ckpts).name == "best.ckpt"
+
+    stage = tmp_path / "old" / "stages" / "pretrain-abc"  # a pre-training finished, then the study folder moved
+    (stage / "model").mkdir(parents=True)
+    (stage / "done.json").write_text(json.dumps({"hash": "abc", "wall_s": 1, "model": str(stage / "model")}))
+    (tmp_path / "old").rename(tmp_path / "new")
+    study = load_study(path, fast=True)
+    info = runner_mod._Runner(study, tmp_path / "new", {})._pretrain({}, "abc", 0)
+    assert info["reused"] and info["model"] == str((tmp_path / "new" / "stages" / "pretrain-abc" / "model").resolve())
+
+
 def test_report_names_a_folder_without_a_study(tmp_path, capsys):
     assert experiment_main(["report", str(tmp_path)]) == 2
     assert "study.yaml is missing" in capsys.readouterr().err

@@ -157,6 +157,17 @@ def test_run_benchmark_directory_model_and_eos_mode(tmp_path):
     assert report["training"]["kind"] == "finetune" and report["training"]["pretrain_estimate"] is None
 
 
+def test_a_callers_model_is_not_trained_by_the_training_measurement():
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    settings = tp.BenchmarkSettings(
+        model="namc_tiny", batch_sizes=(1,), modes=("decode",), repeats=1, warmup=0, gemm_size=64, max_new_tokens=2,
+        threads=1, reference="none", train_batch_size=2, train_steps=1, train_warmup=0,
+    )  # fmt: skip
+    assert tp.run_benchmark(settings, model=model)["training"]["kind"] == "finetune"
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
 @pytest.mark.parametrize("length_mode", ["fixed", "eos"])
 def test_static_decode_run(length_mode):
     """``--static-decode``: every level decodes through one StaticDecoder per batch size, with the ids of the

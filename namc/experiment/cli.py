@@ -36,7 +36,8 @@ def report_dir(out: str | Path, fast: bool = False, plots: bool = True) -> Path:
     if not study_file.exists():
         raise StudyError(f"{out} is not a study folder ({study_file} is missing; `namc experiment run` writes it)")
     study = load_study(study_file, fast=fast, recipes=False)
-    rows = [r for r in read_results(out) if r["variant"] in {v.name for v in study.variants}]
+    names = {v.name for v in study.variants}
+    rows = [r for r in read_results(out) if r["variant"] in names and r["seed"] in study.seeds]
     tags = {v.name: v.tags for v in study.variants}
     title = study.title + (" (--fast scale: the numbers mean nothing)" if fast else "")
     return write_report(out, title, rows, [v.name for v in study.variants], study.metrics, study.reference, tags,
@@ -52,6 +53,9 @@ def _select(study: Study, seeds: list[int] | None, variants: list[str] | None) -
     if variants:
         study.variants = [v for v in study.variants if v.name in variants]
     if seeds:
+        outside = sorted(set(seeds) - set(study.seeds))
+        if outside:
+            raise StudyError(f"{study.path}: no seed(s) {outside}; the study has {study.seeds}")
         study.seeds = list(dict.fromkeys(seeds))
     return study
 

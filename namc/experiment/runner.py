@@ -147,7 +147,9 @@ def _namc(args: list[str], log: Path, cwd: Path) -> float:
 
 
 def _best_checkpoint(folder: Path) -> Path:
-    best = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)  # the newest (not "epoch9" > "39")
+    """The newest ``best*.ckpt`` (``filename: best`` of the benchmark recipes, ``best-epoch07`` of the demo's: by
+    time, not name, since "epoch9" > "epoch39"), else ``last.ckpt``."""
+    best = sorted(folder.glob("best*.ckpt"), key=lambda p: p.stat().st_mtime)
     if best:
         return best[-1]
     last = folder / "last.ckpt"
@@ -191,8 +193,8 @@ class _Runner:
         root = self.out / "stages" / f"pretrain-{key}"
         done = root / "done.json"
         with self._lock(key):
-            if done.exists():
-                return {**json.loads(done.read_text()), "reused": True}
+            if done.exists():  # its model where the study folder is now (the folder may have moved since)
+                return {**json.loads(done.read_text()), "model": str(root / "model"), "reused": True}
             path = _dump(root / "config.yaml", _with_outputs(cfg, root, "fit", seed))
             wall = _namc(["fit", "--config", str(path)], root / "log.txt", self.cwd)
             logged = _last_csv_values(root / "logs" / "fit" / "metrics.csv")
@@ -270,8 +272,9 @@ def caption_spread(data: dict[str, Any]) -> dict[str, float]:
 def run_study(study: Study, out: str | Path, jobs: int = 1, progress: bool = True) -> tuple[list[dict], list[str]]:
     """Run every unfinished (variant, seed) of ``study`` into ``out``; returns (all rows, failure messages).
 
-    Rows of runs whose config hash changed are replaced; rows of variants or seeds no longer in the study are kept
-    (the report shows only the study's own).
+    Rows of runs whose config hash changed are dropped before the runs start (a run that then fails leaves no row,
+    not the old config's); rows of variants or seeds no longer in the study are kept (the report shows only the
+    study's own).
     """
     from tqdm.auto import tqdm
 
@@ -280,19 +283,24 @@ def run_study(study: Study, out: str | Path, jobs: int = 1, progress: bool = Tru
     data = prepare_data(study, out, progress)
     runner = _Runner(study, out, data)
     rows = {(r["variant"], r["seed"]): r for r in read_results(out)}
-    todo = []
+    todo, stale = [], []
     for seed in study.seeds:  # seed-major: a study stopped early has whole seeds of every variant
         for variant in study.variants:
             plan = runner.plan(variant, seed)
             row = rows.get((variant.name, seed))
             if row is not None and row["config_hash"] == plan["hash"]:
                 continue
+            if row is not None:  # made with another config: no longer a result of this study
+                stale.append(rows.pop((variant.name, seed)))
             todo.append((variant, seed, plan))
     logger.info("%s: %d runs to do, %d finished", study.name, len(todo),
                 len(study.variants) * len(study.seeds) - len(todo))  # fmt: skip
     failures: list[str] = []
     write_lock = threading.Lock()
     order = {v.name: i for i, v in enumerate(study.variants)}
+    if stale:
+        logger.info("%s: %d results of an earlier config dropped", study.name, len(stale))
+        write_results(out, sorted(rows.values(), key=lambda r: (order.get(r["variant"], len(order)), r["seed"])))
 
     def save(row: dict[str, Any]) -> None:
         with write_lock:

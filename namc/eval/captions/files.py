@@ -27,6 +27,8 @@ def _load_json(path: str) -> Any:
             return json.load(f)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from err
     except OSError as err:
         raise ValueError(f"{path}: cannot read ({err.strerror})") from err
 

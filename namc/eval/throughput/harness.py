@@ -6,6 +6,7 @@ The report is a JSON-ready dict whose layout is :data:`~namc.eval.throughput.sch
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import logging
@@ -68,7 +69,8 @@ def run_benchmark(settings: BenchmarkSettings, model: NAMC | None = None) -> dic
     Args:
         settings: what to measure.
         model: an already built model (``settings.model`` then only names it in the report); it is moved to the
-            device, put in eval mode and, for half precision, converted.
+            device, put in eval mode and, for half precision, converted. Training throughput
+            (``settings.train_batch_size``) trains a copy of it: its weights are left as they were.
 
     ``settings.threads`` applies for the run; torch's previous thread count is restored afterwards.
     """
@@ -85,6 +87,7 @@ def run_benchmark(settings: BenchmarkSettings, model: NAMC | None = None) -> dic
 
 
 def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
+    caller_model = model
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BenchmarkInputError(f"device {settings.device!r} requested but CUDA is not available")
@@ -138,7 +141,8 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         if entry["flops"]:
             entry["flops"]["matmul_per_s"] = matmul["flops_per_s"]
             entry["flops"]["efficiency"] = entry["flops"]["achieved_per_s"] / matmul["flops_per_s"]
-    training = run_training(model, settings, device) if settings.train_batch_size else None
+    trained = model if caller_model is None else copy.deepcopy(model)  # a caller's weights stay untrained
+    training = run_training(trained, settings, device) if settings.train_batch_size else None
     return {
         "schema_version": SCHEMA_VERSION,
         "created_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
