@@ -657,6 +657,18 @@ def test_training_cli_refuses_unsafe_checkpoint_loading(
     assert "--allow_unsafe_checkpoint true" in err[-1]
 
 
+def test_training_cli_names_a_missing_or_damaged_checkpoint(saved: Path, tmp_path: Path, capsys) -> None:
+    config = REPO / "configs" / "finetune" / "clevr_change.yaml"
+    model = load_model(saved)
+    torch.save({"state_dict": model.state_dict(), "namc": checkpoint_entry(model.config, model.tokenizer, "0")},
+               tmp_path / "whole.ckpt")  # fmt: skip
+    (tmp_path / "cut.ckpt").write_bytes((tmp_path / "whole.ckpt").read_bytes()[:5000])
+    for path, message in ((tmp_path / "nope.ckpt", "no saved model at"), (tmp_path / "cut.ckpt", "cannot read")):
+        assert namc_main(["test", "--config", str(config), "--ckpt_path", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("namc test: error: ") and message in err[-1] and str(path) in err[-1], err[-1]
+
+
 def test_training_cli_names_a_wrong_int8_kernels_choice(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

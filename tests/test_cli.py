@@ -247,6 +247,10 @@ def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
     assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
     assert main(["test", "--config", str(path), "--ckpt_path", str(run / "ckpt" / "best.ckpt")]) == 0
     assert (run / "tb" / "captions" / "test.json").is_file()
+    fitted = (run / "tb" / "captions" / "val_epoch000.json").read_bytes()
+    assert main(["validate", "--config", str(path), "--ckpt_path", str(run / "ckpt" / "best.ckpt")]) == 0
+    assert (run / "tb" / "captions" / "val.json").is_file()  # not written over the fit's epoch-0 file
+    assert (run / "tb" / "captions" / "val_epoch000.json").read_bytes() == fitted
     assert main(["predict", "--config", str(path), "--ckpt_path", str(run / "ckpt" / "best.ckpt")]) == 0
     predictions = yaml.safe_load((run / "tb" / "predictions.json").read_text())
     assert len(predictions) == 2 * 1 and all(

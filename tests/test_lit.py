@@ -106,6 +106,26 @@ def test_collectives_without_distributed_are_identities() -> None:
 # ------------------------------------------------------------------------------------------------ pre-training
 
 
+def test_cached_codes_are_kept_per_split(shapes: dict) -> None:
+    """The shapes world numbers its training and held-out corpora from 0: a validation pair must get its own images'
+    codes, not those a training pair of the same id left in the memo (nor the other way round)."""
+    held_out = shapes["root"] / "held_out"
+    generate_corpus(held_out, 8, image_size=64, seed=1, noise_rate=0.3)  # ids shapes-0000000.. as the training ones
+    dm = _corpus_dm(shapes, val=str(held_out / "manifest.jsonl"), shuffle_buffer=0)
+    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides=TINY, cache_codes=True)
+    trainer = _trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=dm)
+    val = next(iter(dm.val_dataloader()))
+    splits = {key.split("\x00")[0] for key in module._codes}
+    assert splits == {"train", "validate"}
+    with torch.no_grad():
+        own = module.model.vqgan(val["image1"])
+    cached = torch.stack([module._codes[f"validate\x00{i}\x001"] for i in val["ids"]])
+    trained_ids = {key.split("\x00")[1] for key in module._codes if key.startswith("train")}
+    assert set(val["ids"]) & trained_ids  # the ids collide
+    assert torch.equal(cached, own.to(cached.dtype))  # the codes do not
+
+
 @pytest.fixture(scope="module")
 def pretrained_ckpt(shapes: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A fast_dev_run of the pre-training module; its checkpoint and metrics."""
@@ -450,3 +470,31 @@ def test_pretrain_caches_give_the_uncached_step(shapes: dict) -> None:
     with pytest.raises(ValueError, match="cache_grids"):
         PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={**TINY, "grid_trainable": True},
                        cache_grids=True)  # fmt: skip
+
+
+def test_every_shipped_config_keeps_last_ckpt_current(tmp_path) -> None:
+    """Lightning (2.6) writes a monitored ModelCheckpoint's last.ckpt only when the best improves, so a resume from
+    last.ckpt would restart at the best epoch, maybe many back. Every shipped config with a monitored checkpoint keeps
+    last.ckpt in an unmonitored one; and with those two callbacks last.ckpt follows every validation."""
+    import yaml
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for path in sorted(root.rglob("*.yaml")):
+        trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+        ckpts = [c["init_args"] for c in trainer.get("callbacks") or [] if c["class_path"].endswith(".ModelCheckpoint")]
+        if any(c.get("monitor") for c in ckpts):
+            assert not any(c.get("monitor") and c.get("save_last") for c in ckpts), path
+            assert any(not c.get("monitor") and c.get("save_last") for c in ckpts), path
+
+    class NeverImproves(BoringModel):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/cider", -float(self.current_epoch))  # best at epoch 0
+
+    best = ModelCheckpoint(dirpath=tmp_path, filename="best", monitor="val/cider", mode="max", save_top_k=1)
+    last = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = _trainer(max_epochs=3, limit_train_batches=2, limit_val_batches=1, callbacks=[best, last])
+    trainer.fit(NeverImproves())
+    epochs = {name: torch.load(tmp_path / name, weights_only=True)["epoch"] for name in ("best.ckpt", "last.ckpt")}
+    assert epochs == {"best.ckpt": 0, "last.ckpt": 2}

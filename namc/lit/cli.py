@@ -32,7 +32,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from namc.lit.datamodules import NAMCDataModule
 from namc.lit.modules import NAMCModule
 from namc.models import model_config
-from namc.models.io import read_config
+from namc.models.io import WeightsError, read_checkpoint, read_config
 from namc.models.qlinear import int8_kernels
 
 __all__ = ["NAMCCLI", "UnsafeCheckpointError", "check_checkpoint_safety", "main", "run_lightning"]
@@ -126,7 +126,8 @@ def link_tokenizer(model: Any) -> str:
 
 
 class UnsafeCheckpointError(ValueError):
-    """A checkpoint option that would unpickle a file with code execution enabled, without the user's consent."""
+    """A checkpoint option that would unpickle a file with code execution enabled, without the user's consent, or a
+    local checkpoint that is missing or does not load."""
 
 
 _ALLOW_UNSAFE = "allow_unsafe_checkpoint"
@@ -162,6 +163,22 @@ def check_checkpoint_safety(config: Any) -> None:
         config["weights_only"] = True
 
 
+_CKPT_KEYWORDS = ("last", "best", "hpc", "registry")  # ckpt_path values Lightning resolves itself
+
+
+def check_checkpoint_readable(ckpt_path: Any) -> None:
+    """A local ``--ckpt_path`` that is missing or does not load is one line naming the file (not a traceback that
+    names none, after the model and data were set up); Lightning's keywords and URLs are left to Lightning."""
+    if not isinstance(ckpt_path, str) or ckpt_path in _CKPT_KEYWORDS or ":" in ckpt_path.split("/")[0]:
+        return
+    try:
+        read_checkpoint(ckpt_path)
+    except (FileNotFoundError, WeightsError) as err:
+        raise UnsafeCheckpointError(str(err)) from None
+    except ValueError:  # a Lightning checkpoint without namc's entry: Lightning says what it makes of it
+        pass
+
+
 class NAMCCLI(LightningCLI):
     """LightningCLI over :mod:`namc.lit` modules and :mod:`namc.lit.datamodules`, with the links above.
 
@@ -186,6 +203,7 @@ class NAMCCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand:  # before Lightning reads the checkpoint's hyper-parameters or anything is built
             check_checkpoint_safety(self.config[subcommand])
+            check_checkpoint_readable(self.config[subcommand].get("ckpt_path"))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(

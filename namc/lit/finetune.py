@@ -257,7 +257,9 @@ class FinetuneModule(NAMCModule):
         change_types = types if all(t is not None for t in types.values()) else None
         scores = caption_evaluator(self.hparams.spice).evaluate(predictions, references, change_types=change_types)
         if log_dir is not None:
-            name = f"{stage}_epoch{self.current_epoch:03d}.json" if stage == "val" else f"{stage}.json"
+            fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+            # `namc validate` (epoch 0 to Lightning, in the fit run's log folder) must not replace epoch 0's file
+            name = f"{stage}_epoch{self.current_epoch:03d}.json" if stage == "val" and fitting else f"{stage}.json"
             path = write_results(Path(log_dir) / "captions" / name, predictions, references, scores)
             logger.info("%s captions and scores written to %s", stage, path)
         return scores

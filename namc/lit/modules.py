@@ -176,10 +176,12 @@ class NAMCModule(pl.LightningModule):
         trainer = self._trainer
         return getattr(trainer, "datamodule", None) if trainer is not None else None
 
-    @staticmethod
-    def _slot_keys(batch: dict[str, Any], slot: str) -> list[str]:
-        """Memo keys of image ``slot`` ("1" or "2") of each pair of the batch."""
-        return [f"{k}\x00{slot}" for k in batch["ids"]]
+    def _slot_keys(self, batch: dict[str, Any], slot: str) -> list[str]:
+        """Memo keys of image ``slot`` ("1" or "2") of each pair of the batch, per split: a training pair and a
+        validation pair may share an id (the shapes world numbers both corpora from 0), and must not share codes."""
+        stage = self._trainer.state.stage if self._trainer is not None else None
+        split = "validate" if stage == "sanity_check" else str(getattr(stage, "value", stage))
+        return [f"{split}\x00{k}\x00{slot}" for k in batch["ids"]]
 
     def _check_grid_cache(self, cache_grids: bool) -> None:
         if cache_grids and self.model.config.grid_trainable:
