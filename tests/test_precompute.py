@@ -18,7 +18,7 @@ import torch
 
 from namc.data.collate import PretrainCollator
 from namc.data.corpus import CorpusDataset, pack_corpus
-from namc.data.corpus.targets import read_targets, shard_stamp, targets_path
+from namc.data.corpus.targets import check_targets, read_targets, shard_stamp, targets_path
 from namc.data.synthetic import generate_corpus
 from namc.models import create_model
 from namc.models.io import save_safetensors
@@ -236,7 +236,6 @@ def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path
         ({**same, "grid_pretrained": str(other_grid)}, "grids made with weights"),
         # a random VQGAN (a weights file of another size is the strict loader's error): the codebook size counts
         ({"vqgan_n_embed": c.vqgan_n_embed // 2}, f"{c.vqgan_n_embed} codes, the model's has"),
-        ({**same, "image_size": 32}, "targets precomputed at 64 px, the model reads 32 px"),
     ]
     for overrides, message in cases:
         dm = CorpusDataModule(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48,
@@ -247,6 +246,11 @@ def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path
         with pytest.raises(ValueError, match=r"shard-000000\.targets\.json: .*" + message) as err:
             trainer.fit(module, datamodule=dm)
         assert "namc data precompute" in str(err.value)
+    meta = targets_path(shards / "shard-000000.tar", "targets.json")  # targets made at another image size
+    meta.write_text(meta.read_text().replace('"image_size": 64', '"image_size": 48'))
+    with pytest.raises(ValueError, match=r"shard-000000\.targets\.json: targets precomputed at 48 px, the model reads"):
+        check_targets(shards, c.vqgan_n_embed, None, image_size=64)
+    meta.write_text(meta.read_text().replace('"image_size": 48', '"image_size": 64'))
     # a random VQGAN of the same size and the same ResNet weights: the targets are used
     dm = CorpusDataModule(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48,
                           max_caption_len=64, shuffle_buffer=0)  # fmt: skip
