@@ -191,9 +191,8 @@ def test_bad_lists_are_refused_with_the_reason():
     short = Shortlist([9, 7, 9], V, EOS)
     assert short.ids.tolist() == [EOS, 7, 9] and len(short) == 3 and "3 of 300" in repr(short)
     fdg, memory = _fdg(), _memory(2)
-    for other in (Shortlist([7, 9], V + 1, EOS), Shortlist([7, 9], V, EOS + 1)):  # another model's list
-        with pytest.raises(ValueError, match="the shortlist was built for a vocabulary of .* this model's has 300"):
-            fdg.generate(memory, max_new_tokens=3, vocabulary=other)
+    with pytest.raises(ValueError, match="built for a vocabulary of 301 ids, this model's has 300"):
+        fdg.generate(memory, max_new_tokens=3, vocabulary=Shortlist([7, 9], V + 1, EOS))  # another model's list
 
 
 def test_a_models_captions_make_its_shortlist():

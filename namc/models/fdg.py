@@ -208,7 +208,7 @@ class FDG(nn.Module):
         if vocabulary is None:
             return None
         if isinstance(vocabulary, Shortlist):
-            return vocabulary.fits(self.tok.weight.shape[0], self.eos_id)
+            return vocabulary.fits(self.tok.weight.shape[0])
         return Shortlist(vocabulary, self.tok.weight.shape[0], self.eos_id)
 
     def cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -118,13 +118,14 @@ class Shortlist:
         except ValueError as err:
             raise ValueError(f"{source}: {err}") from None
 
-    def fits(self, vocab_size: int, eos_id: int) -> Shortlist:
-        """This list, checked against a model's vocabulary (ValueError naming both where it was built for another:
-        it would index rows that are not there, or decode other tokens)."""
-        if (self.vocab_size, self.eos_id) != (vocab_size, eos_id):
+    def fits(self, vocab_size: int) -> Shortlist:
+        """This list, checked against a model's vocabulary size (ValueError naming both where it was built for
+        another: it would index rows that are not there, or decode other tokens). [EOS] is not compared: a
+        benchmark decodes with it switched off."""
+        if self.vocab_size != vocab_size:
             raise ValueError(
-                f"the shortlist was built for a vocabulary of {self.vocab_size} ids with [EOS] {self.eos_id}, this "
-                f"model's has {vocab_size} with [EOS] {eos_id}: build it with this model's shortlist()"
+                f"the shortlist was built for a vocabulary of {self.vocab_size} ids, this model's has {vocab_size}: "
+                "build it with this model's shortlist()"
             )
         return self
 
