@@ -35,7 +35,15 @@ from namc.models import model_config
 from namc.models.io import WeightsError, read_checkpoint, read_config
 from namc.models.qlinear import int8_kernels
 
-__all__ = ["NAMCCLI", "UnsafeCheckpointError", "check_checkpoint_safety", "main", "run_lightning"]
+__all__ = [
+    "NAMCCLI",
+    "CheckpointFileError",
+    "UnsafeCheckpointError",
+    "check_checkpoint_readable",
+    "check_checkpoint_safety",
+    "main",
+    "run_lightning",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +134,11 @@ def link_tokenizer(model: Any) -> str:
 
 
 class UnsafeCheckpointError(ValueError):
-    """A checkpoint option that would unpickle a file with code execution enabled, without the user's consent, or a
-    local checkpoint that is missing or does not load."""
+    """A checkpoint option that would unpickle a file with code execution enabled, without the user's consent."""
+
+
+class CheckpointFileError(ValueError):
+    """A local ``--ckpt_path`` that is missing or does not load (the message names it)."""
 
 
 _ALLOW_UNSAFE = "allow_unsafe_checkpoint"
@@ -174,7 +185,7 @@ def check_checkpoint_readable(ckpt_path: Any) -> None:
     try:
         read_checkpoint(ckpt_path)
     except (FileNotFoundError, WeightsError) as err:
-        raise UnsafeCheckpointError(str(err)) from None
+        raise CheckpointFileError(str(err)) from None
     except ValueError:  # a Lightning checkpoint without namc's entry: Lightning says what it makes of it
         pass
 
@@ -244,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         run_lightning(argv)
-    except UnsafeCheckpointError as err:
+    except (UnsafeCheckpointError, CheckpointFileError) as err:
         print(f"namc {command}: error: {err}", file=sys.stderr)
         return 2
     return 0
