@@ -459,10 +459,11 @@ def test_pretrain_caches_give_the_uncached_step(shapes: dict) -> None:
     with torch.no_grad():
         assert torch.equal(cached["grid1"], model.grid(batch["image1"]))
         assert torch.equal(cached["codes2"], model.vqgan(batch["image2"]))
-        module._grids[f"{batch['ids'][0]}\x001"] += 1.0  # a second call reads the cache, not the encoder
+        key = module._slot_keys(batch, "1")[0]
+        module._grids[key] += 1.0  # a second call reads the cache, not the encoder
         again = module._with_cache(batch)
         assert torch.equal(again["grid1"][0], cached["grid1"][0] + 1.0)
-        module._grids[f"{batch['ids'][0]}\x001"] -= 1.0
+        module._grids[key] -= 1.0
         with_cache = pretrain_step(model, module._with_cache(batch), torch.Generator().manual_seed(3))
         without = pretrain_step(model, batch, torch.Generator().manual_seed(3))
     for key in ("nim", "mir", "fdg"):
