@@ -30,14 +30,13 @@ def check_inputs(
     for k in (0, 1):
         if _NAMES[k] not in given and _NAMES[k + 2] not in given:
             raise ValueError(f"give {_NAMES[k]} (or {_NAMES[k + 2]})")
-    side = image_size
     for name, t in given.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
         if not t.is_floating_point():
             raise ValueError(f"{name} must be floats in [0, 1], got {t.dtype} (divide uint8 pixels by 255)")
-        if name.startswith("images") and (t.dim() != 4 or tuple(t.shape[1:]) != (3, side, side)):
-            raise ValueError(f"{name} must be (B, 3, {side}, {side}) for this model, got {tuple(t.shape)}")
+        if name.startswith("images") and (t.dim() != 4 or tuple(t.shape[1:]) != (3, image_size, image_size)):
+            raise ValueError(f"{name} must be (B, 3, {image_size}, {image_size}) for this model, got {tuple(t.shape)}")
     sizes = {name: t.shape[0] for name, t in given.items()}
     if len(set(sizes.values())) > 1:
         raise ValueError(f"the batches hold different numbers of pairs: {sizes}")
