@@ -4,6 +4,10 @@
 #   bash tools/gpu_session.sh wheels   # here, with pip and the index: the packages namc needs that the machine lacks
 #   bash tools/gpu_session.sh check    # there, carrying .whl: the CUDA-graph tests and a short namc_tiny benchmark
 #   bash tools/gpu_session.sh bench    # there: namc_base in bf16 against the CLIP4IDC peer, batch 1-1024, training
+#   bash tools/gpu_session.sh lease    # there, in one call of under 10 minutes: the CUDA test, then `bench` in three
+#                                      # processes (batch 1-64, training, batch 256-1024), each with its own time
+#                                      # limit and JSON, so that one that fails or runs out leaves the others' figures;
+#                                      # where CUDA graphs fail outright, a part reruns with eager decoding
 #
 # The machine's image has torch, torchvision, numpy, pillow, einops, huggingface_hub, safetensors, tqdm, regex, pyyaml
 # and pytest, not open_clip, taming-transformers or ftfy, and its torch (2.11) is older than setup.cfg's
@@ -13,9 +17,11 @@
 # Settings from the environment: OUT (where figures and logs go: the device's folder that comes back; else
 # ./gpu_out), DEVICE (cuda), DTYPE (bfloat16), WHEEL_DIR (.whl); for bench, BATCH_SIZES ("1 8 64 256 1024"),
 # TRAIN_BATCH_SIZE (64; 0 skips training), NAME (gpu: NAME.json and NAME.log), SHORTLIST (0: the whole
-# vocabulary; N: namc and the peer decode over N tokens, `--shortlist`) and BENCH_SECONDS (570, under the device's
-# 10 minutes a command; split the batch sizes over two calls if it runs out). A dry run on a CPU with torch
-# installed, after `wheels`: DEVICE=cpu DTYPE=float32 bash tools/gpu_session.sh check
+# vocabulary; N: namc and the peer decode over N tokens, `--shortlist`), MODEL (namc_base) and BENCH_SECONDS (570,
+# under the device's 10 minutes a command; split the batch sizes over two calls if it runs out); for lease,
+# LEASE_SECONDS (560, all of it), SMALL_SECONDS (150), TRAIN_SECONDS (100), LARGE_SECONDS (170) and GEMM_SIZE
+# (8192, the GEMM reference's side). A dry run on a CPU with torch installed, after `wheels`:
+# DEVICE=cpu DTYPE=float32 bash tools/gpu_session.sh check (or MODEL=namc_tiny GEMM_SIZE=1024 ... lease)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -27,6 +33,8 @@ TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
 NAME=${NAME:-gpu}
 SHORTLIST=${SHORTLIST:-0}
 BENCH_SECONDS=${BENCH_SECONDS:-570}
+MODEL=${MODEL:-namc_base}
+LEASE_SECONDS=${LEASE_SECONDS:-560}
 WHEELS=(open_clip_torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.4 taming-transformers-rom1504==0.0.6)
 
 setup() {
@@ -67,11 +75,41 @@ check)
 bench)
     setup
     # shellcheck disable=SC2086  # BATCH_SIZES is a list
-    timeout "$BENCH_SECONDS" python3 -m namc.eval.throughput --model namc_base --device "$DEVICE" \
+    timeout "$BENCH_SECONDS" python3 -m namc.eval.throughput --model "$MODEL" --device "$DEVICE" \
         --dtype "$DTYPE" --static-decode --reference clip4idc --batch-sizes $BATCH_SIZES \
         --modes decode e2e --train-batch-size "$TRAIN_BATCH_SIZE" --shortlist "$SHORTLIST" \
         --output "$OUT/$NAME.json" 2>&1 |
         tee "$OUT/$NAME.log"
+    ;;
+lease)
+    setup
+    { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null ||
+        echo "no nvidia-smi"; } | tee "$OUT/check.log"
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_static_decode.py 2>&1 | tee -a "$OUT/check.log" ||
+        echo "tests: exit $?" | tee -a "$OUT/check.log"
+    part() {  # NAME SECONDS ARGS...: one benchmark process with its own limit and JSON, logged to bench.log
+        local name=$1 seconds=$2 left rc=0
+        shift 2
+        left=$((LEASE_SECONDS - SECONDS))
+        ((seconds > left)) && seconds=$left
+        ((seconds < 20)) && { echo "$name: skipped, ${left} s of the lease left" | tee -a "$OUT/check.log"; return 0; }
+        echo "== $name (limit $seconds s): $*" >>"$OUT/bench.log"
+        timeout "$seconds" python3 -m namc.eval.throughput --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
+            --shortlist "$SHORTLIST" --gemm-size "${GEMM_SIZE:-8192}" --verbose --output "$OUT/$name.json" "$@" \
+            >>"$OUT/bench.log" 2>&1 || rc=$?
+        ((rc == 0)) || echo "$name: exit $rc" | tee -a "$OUT/check.log"
+        return $rc
+    }
+    static() {  # NAME SECONDS ARGS...: with --static-decode (CUDA graphs); where that fails outright, eagerly
+        local rc=0
+        part "$@" --static-decode || rc=$?
+        if ((rc != 0 && rc != 124)); then part "$1_eager" "${@:2}" || true; fi
+    }
+    static small "${SMALL_SECONDS:-150}" --batch-sizes 1 8 64 --modes decode e2e --reference clip4idc
+    part train "${TRAIN_SECONDS:-100}" --batch-sizes 1 --modes decode --reference none \
+        --train-batch-size "$TRAIN_BATCH_SIZE" --train-steps 5 --train-warmup 2 || true
+    static large "${LARGE_SECONDS:-170}" --batch-sizes 256 1024 --modes decode e2e --reference clip4idc
+    grep -v "^20..-..-.. ..:..:..,... root: " "$OUT/bench.log" | tail -n 60
     ;;
 *)
     awk 'NR > 1 && /^set /{exit} NR > 1' "$0" >&2
