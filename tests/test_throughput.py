@@ -129,6 +129,18 @@ def test_report_contents(report):
     assert report["paper_table5"][-1] == {"model": "NAMC (Ours)", "parameters": 64_200_000, "tokens_per_s": 2248.53}
 
 
+def test_printed_parameter_parts_add_up_to_the_inference_count(report):
+    # the table's parts are what runs at inference: MIR without its pre-training heads (namc_base printed 34.0M for
+    # MIR, its 13.0M heads included, beside an inference total of 105.5M that leaves them out); namc_base's counts
+    # here, since namc_tiny's heads (0.02M) vanish in the table's rounding
+    base = {"grid": 27_535_424, "mir": 34_020_608, "mir_pretrain_heads": 12_993_280, "fdg": 56_977_152}
+    base["inference"] = base["grid"] + base["mir"] - base["mir_pretrain_heads"] + base["fdg"]
+    shown = dict(report, model=dict(report["model"], parameters=dict(report["model"]["parameters"], **base)))
+    line = next(x for x in tp.format_table(shown).splitlines() if x.startswith("parameters:"))
+    figures = {k: float(re.search(rf"{k} ([0-9.]+)M", line)[1]) for k in ("inference", "grid", "MIR", "FDG")}
+    assert figures == {"inference": 105.5, "grid": 27.5, "MIR": 21.0, "FDG": 57.0}
+
+
 def test_main_prints_table(tmp_path, capsys):
     model = namc.create_model("namc_tiny", pretraining=False)
     model.save_pretrained(tmp_path / "tiny")

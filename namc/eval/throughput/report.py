@@ -121,7 +121,8 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
         + (f", GPU {m['gpu']['name']}" if m["gpu"] else "")
         + load,
         f"parameters: total {p['total'] / 1e6:.1f}M, inference {p['inference'] / 1e6:.1f}M "
-        f"(grid {p['grid'] / 1e6:.1f}M, MIR {p['mir'] / 1e6:.1f}M, FDG {p['fdg'] / 1e6:.1f}M); without the "
+        f"(grid {p['grid'] / 1e6:.1f}M, MIR {(p['mir'] - p['mir_pretrain_heads']) / 1e6:.1f}M, "
+        f"FDG {p['fdg'] / 1e6:.1f}M); without the "
         f"{mdl['parameters_paper_style']['vocab_embedding'] / 1e6:.2f}M vocabulary embedding "
         f"{mdl['parameters_paper_style']['inference_without_vocab_embedding'] / 1e6:.1f}M (paper: "
         f"{mdl['parameters_paper_style']['paper'] / 1e6:.1f}M)",
