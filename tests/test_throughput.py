@@ -544,3 +544,30 @@ def test_gpu_session_script_names_its_missing_wheels(tmp_path):
         f"and carry {tmp_path / 'none'} to the GPU machine"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_readme_gpu_figures_are_the_stored_reports():
+    # every tokens/s of the README's H100 table is a median in the reports kept in docs/measurements (run 1 / run 2)
+    root = Path(__file__).resolve().parents[1]
+    runs = [
+        {
+            (e["batch_size"], e["mode"]): (e["tokens_per_s"]["median"], e.get("speedup"))
+            for part in ("small", "large")
+            for e in (lambda r: r["inference"] + r["reference"])(
+                json.loads((root / f"docs/measurements/h100_session42/run{run}_{part}.json").read_text())
+            )
+        }
+        for run in (1, 2)
+    ]
+    section = (root / "README.md").read_text().split("### On a GPU", 1)[1].split("\n\n(Peak memory", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(r[0]) for r in rows] == [1, 8, 64, 256, 1024]
+    columns = {1: "decode", 2: "e2e", 4: "clip4idc_decode", 5: "clip4idc_e2e"}
+    for row in rows:
+        for col, mode in columns.items():
+            shown = [int(x.replace(",", "")) for x in row[col].split("/")]
+            assert shown == [round(run[(int(row[0]), mode)][0]) for run in runs], (row[0], mode)
+        for col, mode in ((6, "clip4idc_decode"), (7, "clip4idc_e2e")):
+            for text, run in zip(row[col].split("/"), runs, strict=True):
+                digits = len(text.strip().removesuffix("x").split(".")[1])
+                assert float(text.strip().removesuffix("x")) == round(run[(int(row[0]), mode)][1], digits)
