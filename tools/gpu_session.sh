@@ -8,6 +8,10 @@
 #                                      # processes (batch 1-64, training, batch 256-1024), each with its own time
 #                                      # limit and JSON, so that one that fails or runs out leaves the others' figures;
 #                                      # where CUDA graphs fail outright, a part reruns with eager decoding
+#   bash tools/gpu_session.sh smoke    # there: Lightning on the GPU (the fast demo's pre-training and fine-tuning in
+#                                      # bf16-mixed), and `namc describe` on CPU fp32, CUDA fp32 and CUDA bf16 over
+#                                      # CAPTION_PAIRS with CAPTION_MODEL where both are given (carry them;
+#                                      # DEMO_COPY: the fast demo's folder, made here, where Java is missing there)
 #
 # The machine's image has torch, torchvision, numpy, pillow, einops, huggingface_hub, safetensors, tqdm, regex, pyyaml
 # and pytest, not open_clip, taming-transformers or ftfy, and its torch (2.11) is older than setup.cfg's
@@ -35,7 +39,8 @@ SHORTLIST=${SHORTLIST:-0}
 BENCH_SECONDS=${BENCH_SECONDS:-570}
 MODEL=${MODEL:-namc_base}
 LEASE_SECONDS=${LEASE_SECONDS:-560}
-WHEELS=(open_clip_torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.4 taming-transformers-rom1504==0.0.6)
+WHEELS=(open_clip_torch==3.3.0 timm==1.0.31 ftfy==6.3.1 wcwidth==0.9.4 taming-transformers-rom1504==0.0.6
+    jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0)  # the last three: LightningCLI (smoke)
 
 setup() {
     if ! compgen -G "$WHEEL_DIR/*.whl" >/dev/null; then
@@ -110,6 +115,44 @@ lease)
         --train-batch-size "$TRAIN_BATCH_SIZE" --train-steps 5 --train-warmup 2 || true
     static large "${LARGE_SECONDS:-170}" --batch-sizes 256 1024 --modes decode e2e --reference clip4idc
     grep -v "^20..-..-.. ..:..:..,... root: " "$OUT/bench.log" | tail -n 60
+    ;;
+smoke)
+    setup
+    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"; } |
+        tee "$OUT/check.log"
+    ft=()
+    step() {  # NAME SECONDS COMMAND...: logged to smoke.log, its exit status to check.log
+        local name=$1 seconds=$2 rc=0 start=$SECONDS
+        shift 2
+        echo "== $name: $*" >>"$OUT/smoke.log"
+        timeout "$seconds" "$@" >>"$OUT/smoke.log" 2>&1 || rc=$?
+        echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/check.log"
+    }
+    demo=/tmp/namc_smoke  # DEMO_COPY: `namc demo --fast --out /tmp/namc_smoke` made elsewhere (its data and configs)
+    if [[ -n ${DEMO_COPY:-} ]]; then
+        rm -rf "$demo" && cp -r "$DEMO_COPY" "$demo"
+    else
+        step demo 120 python3 -m namc demo --fast --out "$demo" --quiet
+    fi
+    accelerator=gpu
+    [[ $DEVICE == cuda* ]] || accelerator=cpu  # a dry run
+    gpu=(--trainer.accelerator "$accelerator" --trainer.precision bf16-mixed --trainer.enable_progress_bar false)
+    # fine-tuning validates with pycocoevalcap's Java tools (its wheel, 100 MB, is not carried)
+    if ! command -v java >/dev/null || ! python3 -c "import pycocoevalcap.tokenizer.ptbtokenizer" 2>/dev/null; then
+        echo "no java or pycocoevalcap: fine-tuning without validation" | tee -a "$OUT/check.log"
+        ft=(--trainer.limit_val_batches 0)
+    fi
+    step pretrain_gpu 120 python3 -m namc fit --config "$demo/configs/pretrain.yaml" "${gpu[@]}"
+    step finetune_gpu 120 python3 -m namc fit --config "$demo/configs/finetune.yaml" "${gpu[@]}" "${ft[@]}"
+    if [[ -n ${CAPTION_MODEL:-} && -n ${CAPTION_PAIRS:-} ]]; then
+        for run in "cpu fp32" "$DEVICE fp32" "$DEVICE bf16"; do
+            read -r device precision <<<"$run"
+            step "describe_${device}_$precision" 120 python3 -m namc describe --model "$CAPTION_MODEL" \
+                --pairs "$CAPTION_PAIRS" --device "$device" --precision "$precision" \
+                --output "$OUT/captions_${device}_$precision.jsonl"
+        done
+    fi
+    grep -E "^(==|namc describe:|Epoch|.*Error)" "$OUT/smoke.log" | tail -n 40
     ;;
 *)
     awk 'NR > 1 && /^set /{exit} NR > 1' "$0" >&2
