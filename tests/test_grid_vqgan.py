@@ -253,3 +253,16 @@ def test_paper_vqgan_gives_196_codes_at_224(config, codes):
     assert out.shape == (2, 196) and tokenizer.downsample == 16 and tokenizer.codebook_size == codes
     # the official checkpoint's encoder keys: attention at the 16 x 16 level (attn_resolutions [16])
     assert "encoder.down.4.attn.1.q.weight" in tokenizer.state_dict()
+
+
+def test_vqgan_codes_ignore_a_callers_autocast(tmp_path, tiny_ckpt):
+    # MIR's targets: bf16-mixed training tokenizes images inside autocast, where a bf16 encoder and bf16 distances
+    # picked other codes than the fp32 ones `namc data precompute` stores (6 of these 1,024 before the fix)
+    path = tmp_path / "last.ckpt"
+    torch.save(tiny_ckpt, path)
+    tokenizer = VQGANTokenizer(**VQGAN_TINY_F8_64, pretrained=str(path))
+    images = torch.rand(16, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", torch.bfloat16):
+        mixed = tokenizer(images)
+    assert torch.equal(mixed, tokenizer(images))
+    assert torch.equal(tokenizer(images.double()), tokenizer(images))  # images in any float dtype

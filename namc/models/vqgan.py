@@ -11,6 +11,7 @@ N = h * w codes, D codebook embedding width.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 
@@ -166,10 +167,21 @@ class VQGANTokenizer(nn.Module):
         B, _, H, W = images.shape
         if H % self.downsample or W % self.downsample:
             raise ValueError(f"image size {H}x{W} is not a multiple of the VQGAN factor {self.downsample}")
-        z = self.quant_conv(self.encoder(images * 2.0 - 1.0))  # (B, D, h, w); taming's VQGANs see [-1, 1]
-        # The nearest-code search holds a (vectors x V) distance matrix: 128 images x 196 codes x 16384 entries is
-        # 1.6 GB per temporary, so search a few images at a time.
-        images_per_chunk = max(1, _MAX_SEARCH_VECTORS // (z.shape[2] * z.shape[3]))
-        # VectorQuantizer2 flattens each chunk as (b h w) before the search, so indices come out row-major.
-        indices = torch.cat([self.quantize(chunk)[2][2] for chunk in z.split(images_per_chunk)])  # (B*h*w,)
+        # The codes are MIR's targets: computed in the weights' own precision, never under a caller's autocast
+        # (bf16-mixed training), whose bf16 encoder and distances pick other codes than `namc data precompute` stores
+        # (0.6% of the tiny test VQGAN's codes; more among 16,384 codes).
+        with _without_autocast(images.device):
+            z = self.quant_conv(self.encoder(images.to(self.quant_conv.weight.dtype) * 2.0 - 1.0))  # taming: [-1, 1]
+            # The nearest-code search holds a (vectors x V) distance matrix: 128 images x 196 codes x 16384 entries
+            # is 1.6 GB per temporary, so search a few images at a time.
+            images_per_chunk = max(1, _MAX_SEARCH_VECTORS // (z.shape[2] * z.shape[3]))
+            # VectorQuantizer2 flattens each chunk as (b h w) before the search, so indices come out row-major.
+            indices = torch.cat([self.quantize(chunk)[2][2] for chunk in z.split(images_per_chunk)])  # (B*h*w,)
         return indices.view(B, -1)  # (B*h*w,) -> (B, N)
+
+
+def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device`` (CPU or CUDA; other devices have none to turn off)."""
+    if device.type in ("cpu", "cuda"):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
