@@ -40,6 +40,7 @@ from namc.data.pairs import ListedPair, read_pair_list
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform
 from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
+from namc.models.hub import HUB_PREFIX, parse_hub_id
 from namc.models.precision import check_precision
 from namc.models.shortlist import Shortlist
 from namc.runtime import stdout_closed
@@ -278,6 +279,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "save_pretrained (or `namc fit` / `namc demo`), a hf-hub: id, or a namc .ckpt",
             2,
         )
+    if args.model.startswith(HUB_PREFIX):
+        try:
+            parse_hub_id(args.model)
+        except ValueError as err:  # a malformed id is a usage error, like a missing path
+            return _error(f"--model: {err}", 2)
     try:
         pairs = None if args.pairs is None else read_pair_list(args.pairs)  # a bad list stops before the model loads
         model = load_model(args.model, pretraining=False).to(args.device)

@@ -168,6 +168,15 @@ def test_describe_cli_names_a_missing_hub_model(cache: Path, tmp_path: Path, cap
     assert "hf-hub:org/missing" in err and "hf download org/missing" in err and str(cache) in err
 
 
+@pytest.mark.parametrize("spec", ["hf-hub:", "hf-hub:org/", "hf-hub:a/b/c", "hf-hub:org/na me", "hf-hub:org/x@"])
+def test_describe_cli_calls_a_malformed_hub_id_a_usage_error(spec: str, tmp_path: Path, capsys) -> None:
+    Image.new("RGB", (64, 64)).save(tmp_path / "a.png")
+    code = namc_main(["describe", str(tmp_path / "a.png"), str(tmp_path / "a.png"), "--model", spec])
+    err = capsys.readouterr().err
+    assert code == 2  # as a missing path is; 1 is for a file that cannot be used
+    assert err.startswith(f"namc describe: error: --model: not a Hub model id: {spec!r}") and err.count("\n") == 1
+
+
 def test_push_to_hub_in_offline_mode_is_a_clear_error(cache: Path, saved: dict[str, Path]) -> None:
     offline = r"push_to_hub org/tiny: HF_HUB_OFFLINE=1 is set and uploading needs the network"
     with pytest.raises(HubError, match=offline):
