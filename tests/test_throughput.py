@@ -571,3 +571,14 @@ def test_readme_gpu_figures_are_the_stored_reports():
             for text, run in zip(row[col].split("/"), runs, strict=True):
                 digits = len(text.strip().removesuffix("x").split(".")[1])
                 assert float(text.strip().removesuffix("x")) == round(run[(int(row[0]), mode)][1], digits)
+
+
+def test_readme_gpu_caption_agreement_is_the_stored_captions():
+    root = Path(__file__).resolve().parents[1]
+    runs = root / "docs/measurements/h100_session42"
+    cpu = json.loads((runs / "describe_cpu_fp32.json").read_text())
+    section = (root / "README.md").read_text().split("### On a GPU", 1)[1]
+    for name, label in (("cuda_fp32", "CUDA fp32"), ("cuda_bf16", "CUDA bf16 (autocast)")):
+        other = json.loads((runs / f"describe_{name}.json").read_text())
+        same = sum(other[k] == cpu[k] for k in cpu)
+        assert len(cpu) == len(other) == 700 and f"| {label} | {same} of 700" in section
