@@ -546,20 +546,24 @@ def test_gpu_session_script_names_its_missing_wheels(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+H100_RUNS = DOC.parents[1] / "docs" / "measurements" / "h100_session42"
+
+
+def _readme_gpu_section() -> str:
+    return (DOC.parents[1] / "README.md").read_text().split("### On a GPU", 1)[1]
+
+
+def _medians_and_speedups(run: int) -> dict[tuple[int, str], tuple[float, float | None]]:
+    """(batch, mode) -> (tokens/s median, speed-up over namc where a peer row) of one stored H100 run."""
+    reports = [json.loads((H100_RUNS / f"run{run}_{part}.json").read_text()) for part in ("small", "large")]
+    rows = [e for r in reports for e in r["inference"] + r["reference"]]
+    return {(e["batch_size"], e["mode"]): (e["tokens_per_s"]["median"], e.get("speedup")) for e in rows}
+
+
 def test_readme_gpu_figures_are_the_stored_reports():
     # every tokens/s of the README's H100 table is a median in the reports kept in docs/measurements (run 1 / run 2)
-    root = Path(__file__).resolve().parents[1]
-    runs = [
-        {
-            (e["batch_size"], e["mode"]): (e["tokens_per_s"]["median"], e.get("speedup"))
-            for part in ("small", "large")
-            for e in (lambda r: r["inference"] + r["reference"])(
-                json.loads((root / f"docs/measurements/h100_session42/run{run}_{part}.json").read_text())
-            )
-        }
-        for run in (1, 2)
-    ]
-    section = (root / "README.md").read_text().split("### On a GPU", 1)[1].split("\n\n(Peak memory", 1)[0]
+    runs = [_medians_and_speedups(1), _medians_and_speedups(2)]
+    section = _readme_gpu_section().split("\n\n(Peak memory", 1)[0]
     rows = [line.split("|")[1:-1] for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
     assert [int(r[0]) for r in rows] == [1, 8, 64, 256, 1024]
     columns = {1: "decode", 2: "e2e", 4: "clip4idc_decode", 5: "clip4idc_e2e"}
@@ -574,11 +578,9 @@ def test_readme_gpu_figures_are_the_stored_reports():
 
 
 def test_readme_gpu_caption_agreement_is_the_stored_captions():
-    root = Path(__file__).resolve().parents[1]
-    runs = root / "docs/measurements/h100_session42"
-    cpu = json.loads((runs / "describe_cpu_fp32.json").read_text())
-    section = (root / "README.md").read_text().split("### On a GPU", 1)[1]
+    cpu = json.loads((H100_RUNS / "describe_cpu_fp32.json").read_text())
+    section = _readme_gpu_section()
     for name, label in (("cuda_fp32", "CUDA fp32"), ("cuda_bf16", "CUDA bf16 (autocast)")):
-        other = json.loads((runs / f"describe_{name}.json").read_text())
+        other = json.loads((H100_RUNS / f"describe_{name}.json").read_text())
         same = sum(other[k] == cpu[k] for k in cpu)
         assert len(cpu) == len(other) == 700 and f"| {label} | {same} of 700" in section
