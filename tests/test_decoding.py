@@ -183,9 +183,15 @@ def test_attend_one_matches_scaled_dot_product_attention(dtype):
     ("dtype", "keys", "batched"),
     [(torch.float32, 196, False), (torch.bfloat16, 196, True), (torch.bfloat16, 6, False), (torch.bfloat16, 600, True)],
 )
-def test_attend_step_takes_the_batched_products_for_large_low_precision_attention(dtype, keys, batched):
+@pytest.mark.parametrize("amx", [False, True])
+def test_attend_step_takes_the_batched_products_for_large_low_precision_attention(dtype, keys, batched, amx,
+                                                                                  monkeypatch):  # fmt: skip
     """A decoding step's attention: bf16 from ONE_QUERY_FUSED_FLOPS up runs attend_one (the same values to the bit),
-    smaller ones and fp32 PyTorch's fused kernel (the same to the bit too); either way SDPA's maths."""
+    smaller ones and fp32 PyTorch's fused kernel (the same to the bit too), and so does every size on a CPU with AMX,
+    where the fused kernel runs its bf16 products on the tiles; either way SDPA's maths. The CPU's AMX is set here
+    both ways (the kernels are real either way)."""
+    monkeypatch.setattr(onednn, "_AMX_OK", amx)
+    batched = batched and not amx
     g = torch.Generator().manual_seed(5)
     rows = 3 if keys != 600 else 1
     q, k, v = (torch.randn(rows, 12, n, 64, generator=g).to(dtype) for n in (1, keys, keys))
