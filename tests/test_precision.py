@@ -33,6 +33,7 @@ from namc.models.precision import (
     inference_copy,
     int8_calibration,
     int8_grid,
+    mir_in_bf16,
     part_precisions,
 )
 from namc.models.qconv import QuantStem, qconv_available
@@ -180,7 +181,11 @@ def test_copies_are_reused_and_rebuilt_after_training(trained, monkeypatch):
     assert inference_copy(model, "int8") is not int8 and inference_copy(model, "bf16") is second
 
 
-def test_int8_copy_packs_every_step_matrix(trained):
+@pytest.mark.parametrize("amx", [False, True])
+def test_int8_copy_packs_every_step_matrix(trained, amx, monkeypatch):
+    """Every decoding matrix of the int8 copy is dynamic int8; so is every MIR layer, but on a CPU with AMX (set here
+    both ways), where MIR runs in bf16 throughout and its bf16 memory decodes as an fp32 one does."""
+    monkeypatch.setattr(onednn, "_AMX_OK", amx)
     twin = inference_copy(trained[0], "int8")
     packed = twin.fdg._packed_step
     assert len(packed) == len(twin.fdg.blocks)
@@ -188,8 +193,19 @@ def test_int8_copy_packs_every_step_matrix(trained):
     for name in fdg_module._StepWeights.NAMES:
         (layer,) = getattr(packed[0], name)
         assert isinstance(layer, DynamicLinear)
-    assert not any(isinstance(m, torch.nn.Linear) for m in twin.mir.modules())  # the concat fusion's FC too
-    assert any(isinstance(m, DynamicLinear) for m in twin.mir.modules())
+    bf16_mir = amx and onednn.bf16_supported()
+    assert mir_in_bf16(trained[0].mir, int8=True) == bf16_mir
+    assert part_precisions(trained[0], "int8")["mir"] == ("bf16" if bf16_mir else "int8")
+    if bf16_mir:
+        assert {p.dtype for p in twin.mir.parameters()} == {torch.bfloat16}
+        grid = torch.randn(2, *twin.mir.pos.shape[:1], twin.mir.proj.in_features)
+        with torch.inference_mode():
+            memory = twin.encode_pair(None, None, grid, grid.flip(0))
+        assert memory.dtype == torch.float32  # as FDG's int8 layers take it
+        assert twin.fdg.generate(memory, 6).shape == (2, 6)
+    else:
+        assert not any(isinstance(m, torch.nn.Linear) for m in twin.mir.modules())  # the concat fusion's FC too
+        assert any(isinstance(m, DynamicLinear) for m in twin.mir.modules())
     for block in twin.fdg.blocks:  # the once-per-generation cross-attention keys / values too
         assert isinstance(block.cross_attn.kv, DynamicLinear)
     if onednn.bf16_supported():  # the keys / values it writes are read in bf16 from a memory of 2^20 elements up

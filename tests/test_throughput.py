@@ -43,7 +43,7 @@ def report(tmp_path_factory) -> dict:
 
 
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 10
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 11
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -119,6 +119,7 @@ def test_report_contents(report):
     assert abs(peer["parameters"]["total"] - 173_700_000) < 50_000  # the paper's count, to its 0.1M rounding
     assert 0 < peer["parameters"]["inference"] < peer["parameters"]["total"]
     assert peer["linear_maps"] == ("onednn_fp32_prepacked" if onednn.linear_available() else "fp32")  # as namc's
+    assert peer["encoder_linear_maps"] == peer["linear_maps"]
     style = report["model"]["parameters_paper_style"]
     assert style["inference_without_vocab_embedding"] == params["inference"] - style["vocab_embedding"]
     t = report["training"]
@@ -313,7 +314,8 @@ def test_low_precision_run(tmp_path, capsys, precision, grid):
     assert report["settings"]["precision"] == precision
     decoder = {"bf16": "fp32", "int8": "int8"}[precision]  # namc_tiny's 128 x 512 layers: under bf16's 2^17 entries
     grid = STATIC_GRID if grid == "int8" else grid
-    parts = {"grid": grid, "mir": precision, "decoder": decoder, "vocabulary": decoder}
+    mir = "bf16" if precision == "int8" and onednn.amx_bf16() else precision  # AMX: int8's MIR in bf16
+    parts = {"grid": grid, "mir": mir, "decoder": decoder, "vocabulary": decoder}
     matmul = {"bf16": "bfloat16", "int8": "int8"}[precision]
     if precision == "bf16" and not BF16:  # the bf16 copy, and so the GEMM reference, in fp32
         parts, matmul = dict.fromkeys(parts, "fp32"), "float32"
@@ -434,6 +436,8 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     if not BF16:  # as namc's bf16 copy, the peer's is fp32 on a CPU where oneDNN has no bf16
         forms["bf16"] = forms["fp32"]
     assert linear_form(low) == forms[precision] and linear_form(peer) == "fp32"  # the report's peer.linear_maps
+    encoder = "onednn_bf16_prepacked" if precision == "int8" and onednn.amx_bf16() else forms[precision]
+    assert linear_form(low, encoder=True) == encoder and linear_form(peer, encoder=True) == "fp32"
     used = [low.clip.visual, low.cross, low.decoder, low.transform, low.head]
     assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]
     # its LayerNorms and GELUs are namc's, with namc's rule for small inputs (namc.models.threads)
@@ -449,6 +453,34 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
         tokens = torch.full((1, 3), 49406)
         want, got = peer.logits(tokens, want), low.logits(tokens, want.to(dtype))
         assert float((got.float() - want).norm() / want.norm()) < bound
+
+
+@pytest.mark.skipif(not BF16, reason="oneDNN has no bf16 on this CPU (AVX2 only)")
+def test_int8_peer_encodes_in_bf16_where_namc_runs_mir_in_bf16(monkeypatch) -> None:
+    """On a CPU with AMX (set here) namc's int8 copy runs MIR in bf16, so the int8 peer runs its image encoder (the
+    ViT and the pair embeddings) in bf16 on oneDNN's prepacked kernel, its decoding in dynamic int8; its memory comes
+    out fp32, as its decoder takes it."""
+    from namc.eval.throughput.clip4idc import OneDNNLinear
+
+    if not onednn.linear_available():
+        pytest.skip("this torch build has no oneDNN linear kernel")
+    monkeypatch.setattr(onednn, "_AMX_OK", True)
+    torch.manual_seed(0)
+    peer = tp.CLIP4IDCPeer().eval()
+    low = tp.peer_at(peer, "int8")
+    encoder = [m for m in low.clip.visual.modules() if isinstance(m, (OneDNNLinear, DynamicLinear))]
+    decoding = [m for part in (low.cross, low.decoder, low.head) for m in part.modules() if hasattr(m, "forward")]
+    assert encoder and all(isinstance(m, OneDNNLinear) and m.weight.dtype == torch.bfloat16 for m in encoder)
+    assert not any(isinstance(m, OneDNNLinear) for m in decoding) and linear_form(low) == "int8_dynamic"
+    assert linear_form(low, encoder=True) == "onednn_bf16_prepacked"
+    assert low.bef_embedding.dtype == low.clip.visual.conv1.weight.dtype == torch.bfloat16
+    assert peer.bef_embedding.dtype == torch.float32  # the peer itself is untouched
+    images = torch.rand(2, 1, 3, 224, 224)
+    with torch.inference_mode():
+        want, got = peer.encode(images[0], images[1]), low.encode(images[0], images[1])
+        assert got.dtype == torch.float32 and float((got - want).norm() / want.norm()) < 0.05
+        monkeypatch.setattr(onednn, "_AMX_OK", False)
+        assert tp.peer_at(peer, "int8").clip.visual.conv1.weight.dtype == torch.float32  # elsewhere all int8
 
 
 def test_shortlist_run(tmp_path):

@@ -75,6 +75,7 @@ class MIR(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.layers))
         self.ln_out = nn.LayerNorm(dim)
         self.fuse = create_fusion(c.fusion, dim)
+        self.memory_dtype: torch.dtype | None = None  # E_MIR cast to it (an int8 copy's bf16 MIR: fp32 for FDG)
         self.text_proj = nn.Linear(c.text_dim, dim) if c.text_dim else None
         out = c.codebook_size if c.rec_loss == "discrete" else in_channels
         self.head = nn.Linear(dim, out) if (c.text_dim and out) else None
@@ -168,4 +169,6 @@ class MIR(nn.Module):
         if keep is not None and getattr(self.fuse, "attends", False):  # a block that mixes positions: not the masked
             extra.update(keep1=keep[:B], keep2=keep[B:])
         fused = self.fuse(x[:B], x[B:], **extra)  # (B, N, D)
+        if self.memory_dtype is not None:
+            fused = fused.to(self.memory_dtype)
         return (fused, weights) if return_weights else fused

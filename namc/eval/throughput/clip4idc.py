@@ -38,7 +38,7 @@ from torch import nn
 
 from namc.models import onednn
 from namc.models.layers import GELU, LayerNorm, attend_sized
-from namc.models.qlinear import DynamicLinear, quantize_linears
+from namc.models.qlinear import DynamicLinear, int8_forms
 
 __all__ = [
     "PAPER_PARAMETERS",
@@ -116,7 +116,7 @@ class CLIP4IDCPeer(nn.Module):
         """(B, 3, 224, 224) before/after images in [0, 1] -> (B, 100, 512) visual memory (9 intra + 3 inter)."""
         visual = self.clip.visual
         B = images_1.shape[0]
-        x = torch.cat([images_1, images_2])  # (2B, 3, H, W)
+        x = torch.cat([images_1, images_2]).to(visual.conv1.weight.dtype)  # (2B, 3, H, W); the int8 peer's on AMX: bf16
         mean = torch.tensor(open_clip.OPENAI_DATASET_MEAN, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
         std = torch.tensor(open_clip.OPENAI_DATASET_STD, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
         x = visual.conv1((x - mean) / std).flatten(2).transpose(1, 2)  # (2B, 49, 768)
@@ -129,7 +129,7 @@ class CLIP4IDCPeer(nn.Module):
         x = self.ln_mid(x + self.joint_positional_embedding)
         for block in blocks[self.intra_layers :]:
             x = block(x)
-        return visual.ln_post(x) @ visual.proj  # (B, 100, 512)
+        return (visual.ln_post(x) @ visual.proj).to(self.emb_norm.weight.dtype)  # (B, 100, 512), as decoding takes it
 
     def logits(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         """(B, T) prefix over (B, S, 512) memory -> (B, T, V): the cross encoder re-run over the memory, the
@@ -195,15 +195,36 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
         precision = "fp32"
     if precision == "fp32" and not onednn_ok:
         return peer
-    twin = copy.deepcopy(peer).eval()
     if precision == "int8":
-        twin, linear = quantize_linears(twin), DynamicLinear
+        bf16_encoder = onednn_ok and onednn.amx_bf16()  # the image encoder in bf16, as namc's int8 MIR on AMX
+        forms = int8_forms(peer)
+        if bf16_encoder:
+            visual = {id(m) for m in peer.clip.visual.modules()}
+            forms = {key: form for key, form in forms.items() if key not in visual}
+        twin, linear = copy.deepcopy(peer, forms).eval(), DynamicLinear
+        if bf16_encoder:
+            _encoder_to_bf16(twin)
     else:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        twin = twin.to(dtype)
+        twin = copy.deepcopy(peer).eval().to(dtype)
         if not onednn_ok:
             return twin
         linear = functools.partial(OneDNNLinear, dtype=dtype)
+    return namc_norms(_convert(twin, linear))
+
+
+def _encoder_to_bf16(peer: CLIP4IDCPeer) -> None:
+    """What :meth:`CLIP4IDCPeer.encode` runs once per pair (the ViT, its before / after / joint embeddings and their
+    LayerNorm) in bf16 on oneDNN's prepacked kernel, in place: the int8 peer's encoder on a CPU with AMX, where
+    namc's int8 copy runs MIR in bf16 (:func:`namc.models.precision.mir_in_bf16`)."""
+    for param in (peer.bef_embedding, peer.aft_embedding, peer.joint_positional_embedding):
+        param.data = param.data.to(torch.bfloat16)
+    for part in (peer.clip.visual, peer.ln_mid):
+        _convert(part.to(torch.bfloat16), functools.partial(OneDNNLinear, dtype=torch.bfloat16))
+
+
+def _convert(twin: nn.Module, linear: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]) -> nn.Module:
+    """``twin`` with each attention and plain ``nn.Linear`` in the form ``linear(weight, bias)`` makes."""
     for module in list(twin.modules()):
         for name, child in module.named_children():
             if isinstance(child, nn.MultiheadAttention):  # the decoder layers' multihead_attn attend to the memory
@@ -213,7 +234,7 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
                 setattr(
                     module, name, linear(child.weight.detach(), None if child.bias is None else child.bias.detach())
                 )
-    return namc_norms(twin)
+    return twin
 
 
 def namc_norms(twin: nn.Module) -> nn.Module:
@@ -233,11 +254,12 @@ def namc_norms(twin: nn.Module) -> nn.Module:
     return twin
 
 
-def linear_form(peer: CLIP4IDCPeer) -> str:
-    """What the peer's linear maps run as, one of :data:`~namc.eval.throughput.settings.LINEAR_FORMS` (the report's
-    ``peer.linear_maps``): plain ``F.linear`` in the weights' dtype, oneDNN's kernel (:class:`OneDNNLinear`) or
-    dynamic int8."""
-    head = peer.head
+def linear_form(peer: CLIP4IDCPeer, encoder: bool = False) -> str:
+    """What the peer's decoding linear maps (or, with ``encoder``, its image encoder's) run as, one of
+    :data:`~namc.eval.throughput.settings.LINEAR_FORMS` (the report's ``peer.linear_maps`` and
+    ``peer.encoder_linear_maps``): plain ``F.linear`` in the weights' dtype, oneDNN's kernel (:class:`OneDNNLinear`)
+    or dynamic int8."""
+    head = peer.clip.visual.transformer.resblocks[0].mlp.c_fc if encoder else peer.head
     if isinstance(head, DynamicLinear):
         return "int8_dynamic"
     if isinstance(head, OneDNNLinear):

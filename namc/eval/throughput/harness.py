@@ -132,6 +132,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
             peer.restrict_vocabulary(random_shortlist(vocab, peer.eos_id, len(short), settings.seed).ids)
         peer = peer_at(peer.to(dtype), settings.precision)
         peer_entry["linear_maps"] = linear_form(peer)
+        peer_entry["encoder_linear_maps"] = linear_form(peer, encoder=True)
     try:
         inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
     finally:

@@ -153,11 +153,12 @@ def _inference_lines(report: dict[str, Any]) -> list[str]:
                 f"{sp:>9} {same:>9}"
             )
     if report.get("peer"):
-        pp = report["peer"]["parameters"]
+        peer = report["peer"]
+        pp, forms = peer["parameters"], (peer["encoder_linear_maps"], peer["linear_maps"])
+        maps = f"every linear map {forms[1]}" if forms[0] == forms[1] else "linear maps {} encoding, {} decoding"
         lines.append(
             f"CLIP4IDC peer: {pp['total'] / 1e6:.1f}M parameters ({pp['inference'] / 1e6:.1f}M run at inference; "
-            f"paper {report['peer']['paper_parameters'] / 1e6:.1f}M), random weights, every linear map "
-            f"{report['peer']['linear_maps']}"
+            f"paper {peer['paper_parameters'] / 1e6:.1f}M), random weights, {maps.format(*forms)}"
         )
     return lines
 
