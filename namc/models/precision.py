@@ -24,9 +24,11 @@
   as two batched products (:func:`~namc.models.layers.attend_one`) wherever PyTorch's fused SDPA kernel would take
   a second thread (:func:`~namc.models.layers.attend_step`): the fused kernel is 6x slower on it in bf16 at batch 32
   (namc_base decoding 1.35x faster there on two AMD EPYC threads, 1.56x on one; same ids) and 2.2-3.3x slower on the
-  cross-attention at batch 1-4 (decoding 1.08-1.11x faster at batch 2-4). On CUDA: ``torch.autocast`` over the
-  model itself (:func:`run_context`).
-- ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR and every matrix of FDG's
+  cross-attention at batch 1-4 (decoding 1.08-1.11x faster at batch 2-4); but for a CPU with AMX, where the fused
+  kernel runs on the tiles and is the faster one. On CUDA: ``torch.autocast`` over the model itself
+  (:func:`run_context`).
+- ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR (on a CPU with AMX, MIR in
+  bf16 as the bf16 copy runs it: :func:`mir_in_bf16`) and every matrix of FDG's
   decoding step (the vocabulary projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's
   x86 kernel: int8 weights with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
   :mod:`namc.models.qlinear`), but for matrices under ``qlinear.INT8_MIN_WEIGHT`` (8,192) entries, which stay fp32

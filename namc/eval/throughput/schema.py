@@ -31,11 +31,9 @@ __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 SCHEMA_VERSION = 11  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
 # settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
-# 7: required peer.linear_maps (the peer converted as namc: reports of 6 and before timed a less converted peer)
-# 8: required model.part_precisions in place of model.grid_precision (a bf16 copy keeps small parts in fp32)
-# 9: peer.linear_maps onednn_fp32_prepacked (namc's fp32 decoding and the fp32 peer on reordered weights). 10:
-# required machine.cpu_kernels (two CPUs both called "AMD EPYC" ran bf16 and int8 on different kernels). 11: required
-# peer.encoder_linear_maps (on a CPU with AMX the int8 peer encodes in bf16, as namc's int8 copy runs MIR)
+# 7: required peer.linear_maps (the peer converted as namc). 8: required model.part_precisions in place of
+# model.grid_precision. 9: peer.linear_maps onednn_fp32_prepacked. 10: required machine.cpu_kernels (two CPUs both
+# called "AMD EPYC" ran bf16 and int8 on different kernels). 11: required peer.encoder_linear_maps (AMX: see there)
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -54,11 +52,8 @@ def _ref(name: str, description: str) -> dict[str, Any]:
 
 def _object(properties: dict[str, Any], description: str | None = None, nullable: bool = False) -> dict[str, Any]:
     """An object whose ``properties`` are all required (``nullable``: or null)."""
-    node = {
-        "type": ["object", "null"] if nullable else "object",
-        "required": list(properties),
-        "properties": properties,
-    }
+    kind = ["object", "null"] if nullable else "object"
+    node = {"type": kind, "required": list(properties), "properties": properties}
     return node if description is None else node | {"description": description}
 
 
@@ -320,21 +315,16 @@ _PEER = {
         "`CLIP4IDCPeer.num_parameters()`",
     ),
     "paper_parameters": _field("integer", "Table 5's count (173.7M)"),
-    "linear_maps": _enum(
-        LINEAR_FORMS,
+    "linear_maps": _enum(LINEAR_FORMS, (
         "what every linear map of the peer's decoding (cross encoder, decoder, vocabulary head), attention projections "
         "included, ran as (`clip4idc.peer_at`; until schema 10 every linear map of the peer): plain `F.linear` in fp32 "
         "or bf16 (off the CPU, or without oneDNN), oneDNN's kernel on prepacked fp32 (plain until schema 8) or bf16 "
         "weights, or dynamic int8 layers; schema 6 and before timed a peer whose attention stayed fp32 in int8, whose "
-        "bf16 weights were not prepacked and whose fp32 products ran on `F.linear`",
-    ),
-    "encoder_linear_maps": _enum(
-        LINEAR_FORMS,
-        "what the linear maps of the peer's image encoder (the ViT) ran as, the same forms: `linear_maps`'s, but for "
-        "int8 on a CPU with AMX, where the peer encodes in `onednn_bf16_prepacked` as namc's int8 copy runs MIR in "
-        "bf16",
-    ),
-}
+        "bf16 weights were not prepacked and whose fp32 products ran on `F.linear`")),
+    "encoder_linear_maps": _enum(LINEAR_FORMS, (
+        "what the linear maps of the peer's ViT ran as: as `linear_maps`, but for int8 on a CPU with AMX, where they "
+        "run as `onednn_bf16_prepacked`, as namc's int8 copy runs MIR in bf16 there")),
+}  # fmt: skip
 
 _ESTIMATE = {
     "pairs": _field("integer", "770,000 (section 3.1.1)"),
