@@ -616,3 +616,28 @@ def test_readme_gpu_caption_agreement_is_the_stored_captions():
         other = json.loads((H100_RUNS / f"describe_{name}.json").read_text())
         same = sum(other[k] == cpu[k] for k in cpu)
         assert len(cpu) == len(other) == 700 and f"| {label} | {same} of 700" in section
+
+
+XEON_AMX_RUNS = DOC.parents[1] / "docs" / "measurements" / "xeon_amx_session43"
+
+
+def test_readme_amx_cpu_figures_are_the_stored_reports():
+    # every cell of the README's AMX Xeon table, "tokens/s (speed-up) / ...", is the median and speed-up of the
+    # reports kept in docs/measurements (run 1 / run 2; one report per precision and batch size)
+    section = (DOC.parents[1] / "README.md").read_text().split("**On an Intel Xeon with AMX (session 43).**", 1)[1]
+    table = [line.split("|")[1:-1] for line in section.split("\n\n", 2)[1].splitlines()]
+    assert [c.strip() for c in table[0][1:]] == ["fp32", "bf16", "int8"]
+    rows = {"decode only (from the MIR output), batch 1": (1, "decode"), "end to end from pixels, batch 1": (1, "e2e"),
+            "decode only, batch 32": (32, "decode"), "end to end from pixels, batch 32": (32, "e2e")}  # fmt: skip
+    assert [r[0].strip() for r in table[2:6]] == list(rows)
+    for row in table[2:6]:
+        batch, mode = rows[row[0].strip()]
+        for precision, cell in zip(("fp32", "bf16", "int8"), row[1:], strict=True):
+            shown = []
+            for run in (1, 2):
+                report = json.loads((XEON_AMX_RUNS / f"run{run}_{precision}_b{batch}.json").read_text())
+                assert report["settings"]["precision"] == precision and report["machine"]["cpu_kernels"]
+                namc_ = next(e for e in report["inference"] if e["mode"] == mode)
+                peer = next(e for e in report["reference"] if e["mode"] == f"clip4idc_{mode}")
+                shown.append(f"{namc_['tokens_per_s']['median']:.1f} ({peer['speedup']:.2f}x)")
+            assert cell.strip() == " / ".join(shown), (row[0], precision)
