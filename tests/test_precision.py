@@ -184,7 +184,7 @@ def test_copies_are_reused_and_rebuilt_after_training(trained, monkeypatch):
 @pytest.mark.parametrize("amx", [False, True])
 def test_int8_copy_packs_every_step_matrix(trained, amx, monkeypatch):
     """Every decoding matrix of the int8 copy is dynamic int8; so is every MIR layer, but on a CPU with AMX (set here
-    both ways), where MIR runs in bf16 throughout and its bf16 memory decodes as an fp32 one does."""
+    both ways), where MIR runs in bf16 throughout and hands the decoder an fp32 memory."""
     monkeypatch.setattr(onednn, "_AMX_OK", amx)
     twin = inference_copy(trained[0], "int8")
     packed = twin.fdg._packed_step

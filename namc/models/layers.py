@@ -391,9 +391,7 @@ class StepWeights:
 
 def cache_dtype(memory: torch.Tensor, fused: list[StepWeights] | None) -> torch.dtype:
     """The dtype of the self-attention keys / values an eval step with ``fused`` weights writes: on a CPU its
-    matrices' (a bf16 copy's decoder may be fp32 behind a bf16 MIR; int8 layers give fp32, an int8 copy's MIR may be
-    bf16), else the memory's."""
-    if fused is not None and memory.device.type == "cpu":
-        weight = fused[0].qkv[0]
-        return weight.dtype if isinstance(weight, torch.Tensor) else torch.float32
+    matrices' (a bf16 copy's decoder may be fp32 behind a bf16 MIR), else the memory's."""
+    if fused is not None and memory.device.type == "cpu" and isinstance(fused[0].qkv[0], torch.Tensor):
+        return fused[0].qkv[0].dtype
     return memory.dtype

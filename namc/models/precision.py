@@ -250,7 +250,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         twin = copy.deepcopy(model, memo=memo).eval()
         twin.grid.fold_batchnorm()
         if precision == "bf16":
-            _to_bf16(twin)
+            _to_bf16(twin, bf16_mir)
         else:
             if bf16_mir:  # bf16 throughout, handing FDG's int8 layers the fp32 memory they take
                 twin.mir.to(torch.bfloat16).memory_dtype = torch.float32
@@ -275,7 +275,7 @@ def mir_in_bf16(mir: nn.Module, int8: bool) -> bool:
     return max(m.weight.numel() for m in mir.modules() if isinstance(m, nn.Linear)) >= MIR_BF16_MIN_WEIGHT
 
 
-def _to_bf16(twin: nn.Module) -> None:
+def _to_bf16(twin: nn.Module, bf16_mir: bool) -> None:
     """Make ``twin``, a folded inference copy, the bf16 copy: each part in bf16 where bf16 pays on a CPU, else fp32,
     and every part casting what it takes to its own dtype (no autocast, which would run the fp32 parts in bf16).
     Where oneDNN has no bf16 on this CPU (:func:`~namc.models.onednn.bf16_supported`), bf16 pays nowhere: every
@@ -289,7 +289,7 @@ def _to_bf16(twin: nn.Module) -> None:
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 module.to(torch.bfloat16)
         twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
-    if mir_in_bf16(twin.mir, int8=False):
+    if bf16_mir:  # mir_in_bf16(twin.mir, int8=False), as inference_copy found it
         twin.mir.to(torch.bfloat16)  # LayerNorms, positions and residual stream too: no casts between layers
     fdg = twin.fdg
     layers = max((m.weight for m in fdg.blocks.modules() if isinstance(m, nn.Linear)), key=torch.Tensor.numel)

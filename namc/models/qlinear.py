@@ -200,8 +200,8 @@ class DynamicLinear(nn.Module):
         if DynamicLinear._full_range is None:
             DynamicLinear._full_range = full_range()
         if self.kernels == "quantized":
-            y = torch.ops.quantized.linear_dynamic(x.float(), self.packed, reduce_range=not DynamicLinear._full_range)
-            return y.to(x.dtype)  # a bf16 input (an int8 copy's bf16 MIR ahead of its decoder) gets bf16 back
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range=not DynamicLinear._full_range)
+            return y.to(x.dtype)
         rows = x.reshape(-1, self.in_features).float()
         codes, scale, zero = quantize_activations(rows, 256 if DynamicLinear._full_range else 128)
         y = torch.ops.onednn.qlinear_pointwise(

@@ -154,11 +154,15 @@ def _inference_lines(report: dict[str, Any]) -> list[str]:
             )
     if report.get("peer"):
         peer = report["peer"]
-        pp, forms = peer["parameters"], (peer["encoder_linear_maps"], peer["linear_maps"])
-        maps = f"every linear map {forms[1]}" if forms[0] == forms[1] else "linear maps {} encoding, {} decoding"
+        pp, encoding, decoding = peer["parameters"], peer["encoder_linear_maps"], peer["linear_maps"]
+        maps = (
+            f"every linear map {decoding}"
+            if encoding == decoding
+            else f"linear maps {encoding} encoding, {decoding} decoding"
+        )
         lines.append(
             f"CLIP4IDC peer: {pp['total'] / 1e6:.1f}M parameters ({pp['inference'] / 1e6:.1f}M run at inference; "
-            f"paper {peer['paper_parameters'] / 1e6:.1f}M), random weights, {maps.format(*forms)}"
+            f"paper {peer['paper_parameters'] / 1e6:.1f}M), random weights, {maps}"
         )
     return lines
 
