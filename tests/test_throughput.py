@@ -4,9 +4,11 @@ counts tokens and FLOPs correctly. Timings are printed by the harness, never ass
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import platform
 import re
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from torch import nn
 
 import namc
 from namc.eval import throughput as tp
+from namc.eval.captions.cli import identical_captions
 from namc.eval.throughput.clip4idc import linear_form
 from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
@@ -619,19 +622,25 @@ def test_readme_gpu_caption_agreement_is_the_stored_captions():
 
 
 XEON_AMX_RUNS = DOC.parents[1] / "docs" / "measurements" / "xeon_amx_session43"
+XEON_AMX_QUALITY = DOC.parents[1] / "docs" / "measurements" / "xeon_amx_session44"
+
+
+def _readme_table(heading: str) -> list[list[str]]:
+    """The cells, stripped, of the README table that follows the paragraph opening with ``heading``."""
+    section = (DOC.parents[1] / "README.md").read_text().split(heading, 1)[1]
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in section.split("\n\n", 2)[1].splitlines()]
 
 
 def test_readme_amx_cpu_figures_are_the_stored_reports():
     # every cell of the README's AMX Xeon table, "tokens/s (speed-up) / ...", is the median and speed-up of the
     # reports kept in docs/measurements (run 1 / run 2; one report per precision and batch size)
-    section = (DOC.parents[1] / "README.md").read_text().split("**On an Intel Xeon with AMX (session 43).**", 1)[1]
-    table = [line.split("|")[1:-1] for line in section.split("\n\n", 2)[1].splitlines()]
-    assert [c.strip() for c in table[0][1:]] == ["fp32", "bf16", "int8"]
+    table = _readme_table("**On an Intel Xeon with AMX (session 43).**")
+    assert table[0][1:] == ["fp32", "bf16", "int8"]
     rows = {"decode only (from the MIR output), batch 1": (1, "decode"), "end to end from pixels, batch 1": (1, "e2e"),
             "decode only, batch 32": (32, "decode"), "end to end from pixels, batch 32": (32, "e2e")}  # fmt: skip
-    assert [r[0].strip() for r in table[2:6]] == list(rows)
+    assert [r[0] for r in table[2:6]] == list(rows)
     for row in table[2:6]:
-        batch, mode = rows[row[0].strip()]
+        batch, mode = rows[row[0]]
         for precision, cell in zip(("fp32", "bf16", "int8"), row[1:], strict=True):
             shown = []
             for run in (1, 2):
@@ -640,4 +649,48 @@ def test_readme_amx_cpu_figures_are_the_stored_reports():
                 namc_ = next(e for e in report["inference"] if e["mode"] == mode)
                 peer = next(e for e in report["reference"] if e["mode"] == f"clip4idc_{mode}")
                 shown.append(f"{namc_['tokens_per_s']['median']:.1f} ({peer['speedup']:.2f}x)")
-            assert cell.strip() == " / ".join(shown), (row[0], precision)
+            assert cell == " / ".join(shown), (row[0], precision)
+
+
+QUALITY_ROWS = {  # README row -> the results file's precision
+    "fp32": "fp32",
+    "bf16 as it runs": "bf16",
+    "int8 as it runs": "int8",
+    "int8 with MIR in int8, as a CPU without AMX runs it": "int8_noamx",
+}
+
+
+def _quality_seeds() -> list[dict]:
+    packs = []
+    for seed in (0, 1, 2):
+        with gzip.open(XEON_AMX_QUALITY / f"quality_w128_seed{seed}.json.gz", "rt", encoding="utf-8") as f:
+            packs.append(json.load(f))
+        assert packs[-1]["seed"] == seed
+    return packs
+
+
+def _identical(pack: dict, precision: str) -> float:
+    fp32 = dict(zip(pack["ids"], pack["predictions"]["fp32"], strict=True))
+    other = dict(zip(pack["ids"], pack["predictions"][precision], strict=True))
+    return identical_captions(other, fp32, "fp32")["fraction"]
+
+
+def test_readme_amx_quality_table_is_the_stored_captions():
+    # every cell of the table: CIDEr-D as `namc test` scored it, the share of captions identical to fp32's counted
+    # here from the stored captions, and the mean +- sample sd over the three seeds of both
+    table = _readme_table("**On the Intel Xeon with AMX (session 44).**")
+    assert [row[0] for row in table[2:]] == list(QUALITY_ROWS)
+    packs = _quality_seeds()
+    assert all(len(p["ids"]) == 700 for p in packs)
+    for label, ciders, change, identical, spread in (row[:1] + row[2:] for row in table[2:]):
+        precision = QUALITY_ROWS[label]
+        scores = [p["scores"][precision]["CIDEr-D"] for p in packs]
+        assert ciders == " / ".join(f"{s:.2f}" for s in scores), label
+        if precision == "fp32":
+            assert (change, identical, spread) == ("", "100%", ""), label
+            continue
+        delta = [s - p["scores"]["fp32"]["CIDEr-D"] for s, p in zip(scores, packs, strict=True)]
+        assert change == f"{statistics.mean(delta):+.2f} ± {statistics.stdev(delta):.2f}", label
+        same = [100 * _identical(p, precision) for p in packs]
+        assert identical == " / ".join(f"{s:.1f}%" for s in same), label
+        assert spread == f"{statistics.mean(same):.1f} ± {statistics.stdev(same):.1f}%", label
