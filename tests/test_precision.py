@@ -107,6 +107,12 @@ def trained(one_thread):
     return model.eval(), images[0], images[1]
 
 
+def int8_layer_kernels(twin: torch.nn.Module) -> set[str]:
+    """The kernels of an int8 copy's dynamic int8 layers, its decoding step's (not modules of the copy) included."""
+    step = [getattr(w, name)[0] for w in twin.fdg._packed_step for name in w.NAMES]
+    return {m.kernels for m in [*twin.modules(), *step] if isinstance(m, DynamicLinear)}
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid", "int8 static grid, plain kernels"])
 def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch):
     """bf16 and int8 against fp32; int8 also with the grid in static int8, and on the plain int8 kernels that take
@@ -120,8 +126,7 @@ def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch)
         model = copy.deepcopy(model)  # its own int8 copy, built on the kernels chosen now
         calibrate_int8(model, [images_1[:PAIRS], images_2[:PAIRS]])
         precision = "int8"
-        kernels = {m.kernels for m in inference_copy(model, "int8").modules() if isinstance(m, DynamicLinear)}
-        assert kernels == {int8_kernels()}
+        assert int8_layer_kernels(inference_copy(model, "int8")) == {int8_kernels()}
         stem = inference_copy(model, "int8").grid.backbone.conv1
         if int8_grid(model) == "int8":
             assert isinstance(stem, QuantStem) and stem.plain is (int8_kernels() == "plain")
@@ -176,7 +181,7 @@ def test_copies_are_reused_and_rebuilt_after_training(trained, monkeypatch):
     int8 = inference_copy(model, "int8")
     other = "quantized" if vocab.kernels == "plain" else "plain"
     monkeypatch.setenv(KERNELS_ENV, other)  # another choice of int8 kernels: a new copy on them
-    assert {m.kernels for m in inference_copy(model, "int8").modules() if isinstance(m, DynamicLinear)} == {other}
+    assert int8_layer_kernels(inference_copy(model, "int8")) == {other}
     monkeypatch.delenv(KERNELS_ENV)
     assert inference_copy(model, "int8") is not int8 and inference_copy(model, "bf16") is second
 
@@ -206,11 +211,15 @@ def test_int8_copy_packs_every_step_matrix(trained, amx, monkeypatch):
     else:
         assert not any(isinstance(m, torch.nn.Linear) for m in twin.mir.modules())  # the concat fusion's FC too
         assert any(isinstance(m, DynamicLinear) for m in twin.mir.modules())
-    for block in twin.fdg.blocks:  # the once-per-generation cross-attention keys / values too
-        assert isinstance(block.cross_attn.kv, DynamicLinear)
+    for block in twin.fdg.blocks:  # the once-per-generation cross-attention keys / values too (bf16 with AMX, as MIR)
+        kv = block.cross_attn.kv
+        if bf16_mir:
+            assert isinstance(kv, onednn.OneDNNLinear) and kv.weight.dtype == torch.bfloat16
+        else:
+            assert isinstance(kv, DynamicLinear)
     if onednn.bf16_supported():  # the keys / values it writes are read in bf16 from a memory of 2^20 elements up
-        rows = fdg_module.CROSS_KV_BF16_MIN // (64 * twin.config.dim)
-        for batch, dtype in ((rows, torch.bfloat16), (rows - 1, torch.float32)):
+        rows = fdg_module.CROSS_KV_BF16_MIN // (64 * twin.config.dim)  # (with AMX at any size)
+        for batch, dtype in ((rows, torch.bfloat16), (rows - 1, torch.bfloat16 if bf16_mir else torch.float32)):
             _, cross_kv, _ = twin.fdg._start(torch.randn(batch, 64, twin.config.dim), 8)
             assert all(t.dtype == dtype and t.is_contiguous() for kv in cross_kv for t in kv)
 

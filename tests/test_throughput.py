@@ -24,6 +24,7 @@ from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
 from namc.models import onednn
 from namc.models.layers import GELU, LayerNorm
+from namc.models.onednn import OneDNNLinear
 from namc.models.precision import int8_calibration
 from namc.models.qconv import qconv_available
 from namc.models.qlinear import DynamicLinear, full_range, int8_kernels
@@ -333,6 +334,25 @@ def test_low_precision_run(tmp_path, capsys, precision, grid):
     assert ("no oneDNN bf16 here" in machine) is (precision == "bf16" and not BF16)
 
 
+def test_peer_at_its_own_precision(tmp_path, capsys):
+    """``--reference-precision``: namc in int8 against the peer in bf16 (each at its fastest on a CPU with AMX), in
+    one interleaved run; the report and the printed peer line say which precision the peer ran in."""
+    if not onednn.linear_available():
+        pytest.skip("this torch build has no oneDNN linear kernel")
+    out = tmp_path / "mixed.json"
+    argv = ["--model", "namc_tiny", "--batch-sizes", "1", "--modes", "decode", "--reference", "clip4idc"]
+    argv += ["--precision", "int8", "--reference-precision", "bf16", "--output", str(out), *QUICK]
+    assert tp.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert tp.validate_report(report) == []
+    assert report["settings"]["precision"] == "int8" and report["settings"]["reference_precision"] == "bf16"
+    want = "onednn_bf16_prepacked" if BF16 else "onednn_fp32_prepacked"  # bf16 is fp32 where oneDNN has no bf16
+    assert report["peer"]["linear_maps"] == report["peer"]["encoder_linear_maps"] == want
+    assert report["model"]["part_precisions"]["decoder"] == "int8"
+    peer_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CLIP4IDC peer: "))
+    assert "random weights, bf16, every linear map " + want in peer_line
+
+
 def test_int8_grid_of_a_calibrated_model(tmp_path):
     """A saved folder's calibration runs as the static grid and ``--int8-grid fp32`` still means fp32; a model passed
     to run_benchmark leaves with the calibration it came with (none stays none: the synthetic scales do not stick)."""
@@ -389,7 +409,7 @@ def test_clip4idc_peer_decodes_from_its_memory():
 def test_projected_attention_is_multihead_attention(precision: str, batch_first: bool, call: str) -> None:
     """The converted peer's attention gives nn.MultiheadAttention's output up to int8, bf16 or float rounding, in each
     form the peer calls it (open_clip's self-attention, the decoder's causal self-attention and its cross-attention)."""
-    from namc.eval.throughput.clip4idc import OneDNNLinear, ProjectedAttention
+    from namc.eval.throughput.clip4idc import ProjectedAttention
 
     if precision != "int8" and not onednn.linear_available():
         pytest.skip("this torch build has no oneDNN linear kernel")
@@ -459,29 +479,34 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
 
 
 @pytest.mark.skipif(not BF16, reason="oneDNN has no bf16 on this CPU (AVX2 only)")
-def test_int8_peer_encodes_in_bf16_where_namc_runs_mir_in_bf16(monkeypatch) -> None:
-    """On a CPU with AMX (set here) namc's int8 copy runs MIR in bf16, so the int8 peer runs its image encoder (the
-    ViT and the pair embeddings) in bf16 on oneDNN's prepacked kernel, its decoding in dynamic int8; its memory comes
-    out fp32, as its decoder takes it."""
-    from namc.eval.throughput.clip4idc import OneDNNLinear
-
+def test_int8_peer_runs_its_memory_side_in_bf16_where_namc_does(monkeypatch) -> None:
+    """On a CPU with AMX (set here) namc's int8 copy runs MIR and its cross-attention keys / values in bf16, so the
+    int8 peer runs what it computes from the images alone in bf16 on oneDNN's prepacked kernel: its image encoder
+    (the ViT and the pair embeddings), its cross encoder over the visual memory (re-run at every step) and its
+    decoder's keys / values of that memory; everything else of its decoding in dynamic int8."""
     if not onednn.linear_available():
         pytest.skip("this torch build has no oneDNN linear kernel")
     monkeypatch.setattr(onednn, "_AMX_OK", True)
     torch.manual_seed(0)
     peer = tp.CLIP4IDCPeer().eval()
     low = tp.peer_at(peer, "int8")
-    encoder = [m for m in low.clip.visual.modules() if isinstance(m, (OneDNNLinear, DynamicLinear))]
-    decoding = [m for part in (low.cross, low.decoder, low.head) for m in part.modules() if hasattr(m, "forward")]
-    assert encoder and all(isinstance(m, OneDNNLinear) and m.weight.dtype == torch.bfloat16 for m in encoder)
-    assert not any(isinstance(m, OneDNNLinear) for m in decoding) and linear_form(low) == "int8_dynamic"
-    assert linear_form(low, encoder=True) == "onednn_bf16_prepacked"
+    kinds = (OneDNNLinear, DynamicLinear)
+    bf16 = [m for part in (low.clip.visual, low.cross) for m in part.modules() if isinstance(m, kinds)]
+    bf16 += [layer.multihead_attn.kv for layer in low.decoder]
+    assert bf16 and all(isinstance(m, OneDNNLinear) and m.weight.dtype == torch.bfloat16 for m in bf16)
+    int8 = [m for part in (low.decoder, low.transform, low.head) for m in part.modules() if isinstance(m, kinds)]
+    int8 = [m for m in int8 if all(m is not layer.multihead_attn.kv for layer in low.decoder)]
+    assert len(int8) == 3 * 6 + 2 and all(isinstance(m, DynamicLinear) for m in int8)  # self q/k/v, out, q, out, FFN
+    assert linear_form(low) == "int8_dynamic" and linear_form(low, encoder=True) == "onednn_bf16_prepacked"
     assert low.bef_embedding.dtype == low.clip.visual.conv1.weight.dtype == torch.bfloat16
     assert peer.bef_embedding.dtype == torch.float32  # the peer itself is untouched
     images = torch.rand(2, 1, 3, 224, 224)
+    tokens = torch.full((1, 3), 49406)
     with torch.inference_mode():
         want, got = peer.encode(images[0], images[1]), low.encode(images[0], images[1])
-        assert got.dtype == torch.float32 and float((got - want).norm() / want.norm()) < 0.05
+        assert got.dtype == torch.bfloat16 and float((got.float() - want).norm() / want.norm()) < 0.05
+        want, got = peer.logits(tokens, want), low.logits(tokens, got)
+        assert got.dtype == torch.float32 and float((got - want).norm() / want.norm()) < 0.1
         monkeypatch.setattr(onednn, "_AMX_OK", False)
         assert tp.peer_at(peer, "int8").clip.visual.conv1.weight.dtype == torch.float32  # elsewhere all int8
 
@@ -554,6 +579,8 @@ def test_bad_model_or_settings_is_one_line(tmp_path, capsys, monkeypatch):
         (["--model", "no_such_model"], "neither a folder"),
         (["--model", str(tmp_path / "tiny")], "model.safetensors"),
         (["--precision", "bf16", "--device", "cuda"], "CPU runs"),
+        (["--reference-precision", "bf16"], "with reference clip4idc"),  # the default reference has no peer
+        (["--reference", "clip4idc", "--reference-precision", "int8", "--device", "cuda"], "CPU runs"),
         (["--batch-sizes", "0"], "positive"),
         (["--model", "namc_tiny", "--precision", "int8", "--compile"], "--compile: an int8 copy's decoding step"),
     ):

@@ -219,7 +219,7 @@ class FDG(nn.Module):
         kv_dtype = getattr(self, "_cross_kv_dtype", None) if big else None
         return [
             tuple(
-                t.contiguous() if kv_dtype is None else t.to(kv_dtype, memory_format=torch.contiguous_format)
+                t.contiguous() if kv_dtype in (None, t.dtype) else t.to(kv_dtype, memory_format=torch.contiguous_format)
                 for t in block.context_kv(memory)
             )
             for block in self.blocks
@@ -239,13 +239,11 @@ class FDG(nn.Module):
 
         - ``"int8"``: dynamic int8 layers (per-channel weight scales, activations quantised per call).
         - ``"bf16"``: on a CPU with oneDNN, the bf16 matrices reordered once into oneDNN's blocked layout
-          (``torch.ops.mkldnn._reorder_linear_weight``); fp32 ones (a bf16 copy keeps those too small to gain from
-          bf16, :func:`~namc.models.onednn.bf16_worthwhile`) stay as they are. A plain bf16 weight is reordered by
-          oneDNN at every call:
-          for namc_base's 49409 x 768 vocabulary that reorder costs more than the product at batch >= 8 (one
-          thread, interleaved: 10.5 vs 17.9 ms at batch 8, 15.9 vs 24.9 ms at batch 32, equal at batch 1; the
-          layer matrices about 1.6x at batch >= 8). Without oneDNN, or where it has no bf16 on this CPU
-          (:func:`~namc.models.onednn.bf16_supported`), nothing changes.
+          (``torch.ops.mkldnn._reorder_linear_weight``); fp32 ones (too small to gain from bf16,
+          :func:`~namc.models.onednn.bf16_worthwhile`) stay. A plain bf16 weight is reordered at every call: for
+          namc_base's 49409 x 768 vocabulary that costs more than the product at batch >= 8 (one thread: 10.5 vs
+          17.9 ms at batch 8, 15.9 vs 24.9 at 32, equal at 1; the layer matrices about 1.6x at batch >= 8). Without
+          oneDNN, or where it has no bf16 here (:func:`~namc.models.onednn.bf16_supported`), nothing changes.
 
         The prefill (cross-attention keys/values of the memory, once per generation) stays in the weights' dtype in
         bf16 and becomes a dynamic int8 layer in int8: in fp32 it took 28% of namc_base's int8 decoding at batch 32
@@ -255,8 +253,9 @@ class FDG(nn.Module):
         (:func:`~namc.models.layers.attend_one`): with fp32 keys/values the one-query attention over namc_base's 196
         memory positions was 23% of int8 decoding at batch 32, bound by reading 38.5 MB of keys/values per layer and
         step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32, 1.19x at 64; over memories of
-        widths 32-768, 1.00-1.26x from 2^20 elements and 0.70-1.12x (median 0.93x) below, so fp32 there.
-        """
+        widths 32-768, 1.00-1.26x from 2^20 elements and 0.70-1.12x (median 0.93x) below, so fp32 there. With AMX
+        the int8 prefill runs in bf16 on the tiles, as MIR does, writing bf16 keys / values at any size (namc_base,
+        two Xeon threads: 32 pairs 85.4 -> 39.9 ms, 1 pair 2.44 -> 2.19 ms)."""
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
         vocab = self._vocab()
@@ -267,10 +266,12 @@ class FDG(nn.Module):
             return
         packed = _StepWeights.each_matrix(packed, lambda weight, bias: _StepWeights.packed(weight, bias, precision))
         if precision == "int8":
-            for block in self.blocks:
-                kv = block.cross_attn.kv
-                if isinstance(kv, nn.Linear) and int8_worthwhile(kv.weight):
-                    block.cross_attn.kv = int8_linear(kv.weight, kv.bias)
+            bf16_kv = onednn.amx_bf16() and onednn.linear_available()
+            for attn in (block.cross_attn for block in self.blocks):  # the prefill (bf16 with AMX, as MIR)
+                if isinstance(attn.kv, nn.Linear) and bf16_kv and onednn.bf16_worthwhile(attn.kv.weight):
+                    attn.kv = onednn.OneDNNLinear(attn.kv.weight, attn.kv.bias, torch.bfloat16)
+                elif isinstance(attn.kv, nn.Linear) and int8_worthwhile(attn.kv.weight):
+                    attn.kv = int8_linear(attn.kv.weight, attn.kv.bias)
             if vocab[0].device.type == "cpu" and onednn.bf16_supported():
                 self._cross_kv_dtype = torch.bfloat16
         self._packed_step = packed

@@ -33,6 +33,7 @@ from namc.models import threads
 __all__ = [
     "FusedBlock",
     "FusedConv",
+    "OneDNNLinear",
     "ShapeCache",
     "amx_bf16",
     "bf16_supported",
@@ -240,6 +241,19 @@ def is_packed(weight: torch.Tensor | nn.Module) -> bool:
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (out, in) reordered into oneDNN's blocked layout for :func:`dense` (an opaque mkldnn tensor)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight)
+
+
+class OneDNNLinear(nn.Module):
+    """A linear layer on oneDNN's kernel (:func:`linear`), its weight reordered once (:func:`pack_linear`) in
+    ``dtype``; takes any float input (cast to ``dtype``) and returns ``dtype``. Not part of any state dict."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.weight = pack_linear(weight.detach().to(dtype).contiguous())
+        self.bias = None if bias is None else bias.detach().to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias).view(*x.shape[:-1], -1)
 
 
 BF16_MIN_WEIGHT = 1 << 17  # bf16_worthwhile: a bf16 copy's decoding matrices from this many entries in bf16

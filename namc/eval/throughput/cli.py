@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to compare with: decode (namc's FDG without a cache, from the same memory), clip4idc (the "
         "CLIP4IDC peer, decode-only and end to end, interleaved with namc: slow), all, none (default %(default)s)",
     )  # fmt: skip
+    p.add_argument(
+        "--reference-precision", default=d.reference_precision, choices=PRECISIONS,
+        help="the CLIP4IDC peer's CPU precision, where it should differ from --precision (each model at its fastest: "
+        "on a CPU with AMX the peer decodes faster in bf16 than in int8) (default: --precision)",
+    )  # fmt: skip
     p.add_argument("--reference-repeats", type=int, default=d.reference_repeats)
     p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")
     p.add_argument(

@@ -38,6 +38,7 @@ from torch import nn
 
 from namc.models import onednn
 from namc.models.layers import GELU, LayerNorm, attend_sized
+from namc.models.onednn import OneDNNLinear
 from namc.models.qlinear import DynamicLinear, int8_forms
 
 __all__ = [
@@ -129,12 +130,13 @@ class CLIP4IDCPeer(nn.Module):
         x = self.ln_mid(x + self.joint_positional_embedding)
         for block in blocks[self.intra_layers :]:
             x = block(x)
-        return (visual.ln_post(x) @ visual.proj).to(self.emb_norm.weight.dtype)  # (B, 100, 512), as decoding takes it
+        return (visual.ln_post(x) @ visual.proj).to(self.cross[0].norm1.weight.dtype)  # (B, 100, 512), as decoded
 
     def logits(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         """(B, T) prefix over (B, S, 512) memory -> (B, T, V): the cross encoder re-run over the memory, the
         decoder over the prefix, every position projected onto the vocabulary (``DecoderModel.forward``)."""
         T = tokens.shape[1]
+        memory = memory.to(self.cross[0].norm1.weight.dtype)  # the int8 peer's cross encoder is bf16 on AMX
         x = self.emb_norm(F.embedding(tokens, self.clip.token_embedding.weight) + self.clip.positional_embedding[:T])
         causal = torch.triu(torch.full((T, T), float("-inf"), dtype=x.dtype, device=x.device), 1)
         for encoder_layer, decoder_layer in zip(self.cross, self.decoder):
@@ -185,8 +187,12 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
     """A copy of the peer with every linear map converted as namc's own are for ``precision``, the attention
     projections included (:class:`ProjectedAttention`): ``int8``, dynamic int8 layers
     (:class:`~namc.models.qlinear.DynamicLinear`); ``bf16``, bf16 weights prepacked for oneDNN, as namc's bf16
-    decoding step keeps them (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`); ``fp32``, oneDNN's fp32 linear
-    kernel, which namc's fp32 decoding step runs (:func:`namc.models.onednn.dense`). Where this torch has no oneDNN
+    decoding step keeps them (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`; a plain bf16 weight is
+    reordered at every call: the prepacked bf16 peer decodes 1.06x faster at batch 32, 1.32x at 1); ``fp32``,
+    oneDNN's fp32 linear kernel on weights reordered once, which namc's fp32 decoding step runs
+    (:func:`namc.models.onednn.dense`; on the AMD EPYC of the README 1.16x faster at batch 32 and 1.19-1.48x at 1 than
+    ``F.linear``'s BLAS). On a CPU with AMX the int8 peer runs its products over the visual memory in bf16
+    (:func:`_memory_side_to_bf16`). Where this torch has no oneDNN
     linear kernel (or off the CPU) bf16 is plain bf16 weights and fp32 the peer itself; where oneDNN has no bf16 on
     this CPU, bf16 is fp32, as namc's bf16 copy is there (:func:`~namc.models.onednn.bf16_supported`)."""
     on_cpu = peer.head.weight.device.type == "cpu"
@@ -195,31 +201,40 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
         precision = "fp32"
     if precision == "fp32" and not onednn_ok:
         return peer
+    bf16_memory = precision == "int8" and onednn_ok and onednn.amx_bf16()  # as namc's int8 copy on AMX
     if precision == "int8":
-        bf16_encoder = onednn_ok and onednn.amx_bf16()  # the image encoder in bf16, as namc's int8 MIR on AMX
         forms = int8_forms(peer)
-        if bf16_encoder:
-            visual = {id(m) for m in peer.clip.visual.modules()}
-            forms = {key: form for key, form in forms.items() if key not in visual}
+        if bf16_memory:
+            memory_side = {id(m) for part in (peer.clip.visual, peer.cross) for m in part.modules()}
+            forms = {key: form for key, form in forms.items() if key not in memory_side}
         twin, linear = copy.deepcopy(peer, forms).eval(), DynamicLinear
-        if bf16_encoder:
-            _encoder_to_bf16(twin)
+        if bf16_memory:
+            _memory_side_to_bf16(twin)
     else:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         twin = copy.deepcopy(peer).eval().to(dtype)
         if not onednn_ok:
             return twin
         linear = functools.partial(OneDNNLinear, dtype=dtype)
-    return namc_norms(_convert(twin, linear))
+    twin = namc_norms(_convert(twin, linear))
+    if bf16_memory:  # the decoder's keys / values of the memory
+        for layer, original in zip(twin.decoder, peer.decoder):
+            weight, bias = original.multihead_attn.in_proj_weight.detach(), original.multihead_attn.in_proj_bias
+            width = layer.multihead_attn.out.out_features
+            layer.multihead_attn.kv = OneDNNLinear(weight[width:], bias.detach()[width:], torch.bfloat16)
+    return twin
 
 
-def _encoder_to_bf16(peer: CLIP4IDCPeer) -> None:
-    """What :meth:`CLIP4IDCPeer.encode` runs once per pair (the ViT, its before / after / joint embeddings and their
-    LayerNorm) in bf16 on oneDNN's prepacked kernel, in place: the int8 peer's encoder on a CPU with AMX, where
-    namc's int8 copy runs MIR in bf16 (:func:`namc.models.precision.mir_in_bf16`)."""
+def _memory_side_to_bf16(peer: CLIP4IDCPeer) -> None:
+    """What the peer computes from the images alone in bf16 on oneDNN's prepacked kernel, in place: the ViT, its
+    before / after / joint embeddings and their LayerNorm (once per pair) and the cross encoder over the visual
+    memory (at every step, as CLIP4IDC decodes); :func:`peer_at` adds the decoder's keys / values of the memory. The
+    int8 peer on a CPU with AMX, where namc's int8 copy runs MIR and its cross-attention keys / values in bf16
+    (:func:`namc.models.precision.mir_in_bf16`, :meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`): on the
+    tiles bf16 runs products of hundreds of rows 1.4-3x faster than PyTorch's dynamic int8."""
     for param in (peer.bef_embedding, peer.aft_embedding, peer.joint_positional_embedding):
         param.data = param.data.to(torch.bfloat16)
-    for part in (peer.clip.visual, peer.ln_mid):
+    for part in (peer.clip.visual, peer.ln_mid, peer.cross):
         _convert(part.to(torch.bfloat16), functools.partial(OneDNNLinear, dtype=torch.bfloat16))
 
 
@@ -266,22 +281,6 @@ def linear_form(peer: CLIP4IDCPeer, encoder: bool = False) -> str:
         kind = "onednn_bf16" if head.weight.dtype == torch.bfloat16 else "onednn_fp32"
         return f"{kind}_prepacked" if onednn.is_packed(head.weight) else kind
     return "bf16" if head.weight.dtype == torch.bfloat16 else "fp32"
-
-
-class OneDNNLinear(nn.Module):
-    """A linear map on oneDNN's kernel (``torch.ops.mkldnn._linear_pointwise``), as namc's decoding step runs its
-    matrices: the weight reordered once into oneDNN's blocked layout, in bf16 (a plain bf16 weight is reordered at
-    every call; the bf16 peer decodes 1.06x faster at batch 32 and 1.32x at batch 1 so) and, since session 37, in
-    fp32 (:mod:`namc.models.packed_step`; on the AMD EPYC of the README the fp32 peer on plain weights ran 1.16x
-    faster at batch 32 and 1.19-1.48x at batch 1 than on ``F.linear``'s BLAS)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.weight = onednn.pack_linear(weight.to(dtype).contiguous())
-        self.bias = None if bias is None else bias.to(dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return onednn.linear(x, self.weight, self.bias)  # small products on one thread, as namc's
 
 
 class ProjectedAttention(nn.Module):
@@ -336,8 +335,9 @@ class ProjectedAttention(nn.Module):
             )
         if not self.batch_first:
             query, key = query.transpose(0, 1), key.transpose(0, 1)
-        if self.cross:
+        if self.cross:  # the int8 peer's keys / values of the memory are bf16 on AMX (peer_at): so its attention
             q, (k, v) = self.q(query), self.kv(key).chunk(2, dim=-1)
+            q = q.to(k.dtype)
         else:
             q, k, v = self.qkv(query).chunk(3, dim=-1)
         B, L, D = q.shape
@@ -348,5 +348,5 @@ class ProjectedAttention(nn.Module):
         causal = is_causal and attn_mask is None
         x = attend_sized(F.scaled_dot_product_attention, heads(q), heads(k), heads(v), attn_mask=attn_mask,
                          is_causal=causal)  # fmt: skip
-        x = self.out(x.transpose(1, 2).reshape(B, L, D))
+        x = self.out(x.transpose(1, 2).reshape(B, L, D).to(query.dtype))
         return (x if self.batch_first else x.transpose(0, 1)), None

@@ -130,7 +130,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         if short is not None:  # as many tokens as namc's list; which ones changes no timing of random weights
             vocab = peer.clip.token_embedding.weight.shape[0]
             peer.restrict_vocabulary(random_shortlist(vocab, peer.eos_id, len(short), settings.seed).ids)
-        peer = peer_at(peer.to(dtype), settings.precision)
+        peer = peer_at(peer.to(dtype), settings.reference_precision or settings.precision)
         peer_entry["linear_maps"] = linear_form(peer)
         peer_entry["encoder_linear_maps"] = linear_form(peer, encoder=True)
     try:

@@ -162,7 +162,8 @@ def _inference_lines(report: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"CLIP4IDC peer: {pp['total'] / 1e6:.1f}M parameters ({pp['inference'] / 1e6:.1f}M run at inference; "
-            f"paper {peer['paper_parameters'] / 1e6:.1f}M), random weights, {maps}"
+            f"paper {peer['paper_parameters'] / 1e6:.1f}M), random weights, "
+            f"{report['settings'].get('reference_precision') or report['settings']['precision']}, {maps}"
         )
     return lines
 

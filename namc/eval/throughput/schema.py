@@ -99,6 +99,7 @@ _SETTINGS = {
     "precision": _enum(
         PRECISIONS, "CPU inference precision of namc and the peer (`namc.models.precision`); `fp32` on CUDA"
     ),
+    "reference_precision": _enum([*PRECISIONS, None], "the CLIP4IDC peer's CPU precision (null: `precision`)"),
     "int8_grid": _enum(
         INT8_GRIDS, "with `precision` int8: the grid blocks in static int8 (calibrated on the synthetic inputs) or fp32"
     ),
@@ -322,8 +323,8 @@ _PEER = {
         "weights, or dynamic int8 layers; schema 6 and before timed a peer whose attention stayed fp32 in int8, whose "
         "bf16 weights were not prepacked and whose fp32 products ran on `F.linear`")),
     "encoder_linear_maps": _enum(LINEAR_FORMS, (
-        "what the linear maps of the peer's ViT ran as: as `linear_maps`, but for int8 on a CPU with AMX, where they "
-        "run as `onednn_bf16_prepacked`, as namc's int8 copy runs MIR in bf16 there")),
+        "what the linear maps of the peer's ViT ran as: as `linear_maps`, but `onednn_bf16_prepacked` for int8 on a "
+        "CPU with AMX, with its cross encoder and keys / values of the memory, as namc's int8 MIR and prefill there")),
 }  # fmt: skip
 
 _ESTIMATE = {

@@ -72,6 +72,8 @@ class BenchmarkSettings:
         dtype: ``float32``; ``float16`` / ``bfloat16`` on CUDA only (the whole model converted).
         precision: ``fp32``, ``bf16`` or ``int8``: on a CPU, namc runs its inference copy at that precision
             (:mod:`namc.models.precision`) and the CLIP4IDC peer a copy converted the same way.
+        reference_precision: the peer's precision where it differs (None: ``precision``), to compare each model at
+            its fastest in one interleaved run (on a CPU with AMX the peer decodes faster in bf16 than in int8).
         int8_grid: with ``precision="int8"``, the grid's ResNet blocks in ``static`` int8 (with the model's own
             calibration where it has one, e.g. from a saved folder; else :func:`namc.models.precision.calibrate_int8`
             on the benchmark's own synthetic images: the scales change no timing, and no caption here means
@@ -107,6 +109,7 @@ class BenchmarkSettings:
     device: str = "cpu"
     dtype: str = "float32"
     precision: str = "fp32"
+    reference_precision: str | None = None
     int8_grid: str = "static"
     threads: int | None = None
     max_new_tokens: int = 23
@@ -151,11 +154,19 @@ class BenchmarkSettings:
             raise BenchmarkInputError(f"threads must be >= 1, got {self.threads}")
         if self.precision not in PRECISIONS:
             raise BenchmarkInputError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.reference_precision not in (None, *PRECISIONS):
+            raise BenchmarkInputError(
+                f"reference_precision must be one of {PRECISIONS}, not {self.reference_precision!r}"
+            )
+        if self.reference_precision is not None and self.reference not in ("clip4idc", "all"):
+            raise BenchmarkInputError("reference_precision is the CLIP4IDC peer's: use it with reference clip4idc/all")
         if self.int8_grid not in INT8_GRIDS:
             raise BenchmarkInputError(f"int8_grid must be one of {INT8_GRIDS}, got {self.int8_grid!r}")
         if not DEVICE.fullmatch(self.device):
             raise BenchmarkInputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         device_type = self.device.split(":", 1)[0]
+        if self.reference_precision not in (None, "fp32") and (device_type != "cpu" or self.dtype != "float32"):
+            raise BenchmarkInputError(f"reference_precision {self.reference_precision} is for CPU runs in float32")
         if self.precision != "fp32" and (device_type != "cpu" or self.dtype != "float32"):
             raise BenchmarkInputError(f"precision {self.precision} is for CPU runs in float32; on CUDA use --dtype")
         if self.shortlist != SHORTLIST_OF_MODEL and (
