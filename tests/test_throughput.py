@@ -658,25 +658,58 @@ def _readme_table(heading: str) -> list[list[str]]:
     return [[c.strip() for c in line.split("|")[1:-1]] for line in section.split("\n\n", 2)[1].splitlines()]
 
 
+CPU_ROWS = {  # a README CPU table's row -> (batch size, mode)
+    "decode only (from the MIR output), batch 1": (1, "decode"),
+    "end to end from pixels, batch 1": (1, "e2e"),
+    "decode only, batch 32": (32, "decode"),
+    "end to end from pixels, batch 32": (32, "e2e"),
+}
+
+
+def _tokens_and_speedup(report: dict, mode: str) -> str:
+    """A README CPU table's cell for one run: namc's median tokens/s (its speed-up over the peer)."""
+    namc_ = next(e for e in report["inference"] if e["mode"] == mode)
+    peer = next(e for e in report["reference"] if e["mode"] == f"clip4idc_{mode}")
+    return f"{namc_['tokens_per_s']['median']:.1f} ({peer['speedup']:.2f}x)"
+
+
 def test_readme_amx_cpu_figures_are_the_stored_reports():
     # every cell of the README's AMX Xeon table, "tokens/s (speed-up) / ...", is the median and speed-up of the
     # reports kept in docs/measurements (run 1 / run 2; one report per precision and batch size)
     table = _readme_table("**On an Intel Xeon with AMX (session 43).**")
     assert table[0][1:] == ["fp32", "bf16", "int8"]
-    rows = {"decode only (from the MIR output), batch 1": (1, "decode"), "end to end from pixels, batch 1": (1, "e2e"),
-            "decode only, batch 32": (32, "decode"), "end to end from pixels, batch 32": (32, "e2e")}  # fmt: skip
-    assert [r[0] for r in table[2:6]] == list(rows)
+    assert [r[0] for r in table[2:6]] == list(CPU_ROWS)
     for row in table[2:6]:
-        batch, mode = rows[row[0]]
+        batch, mode = CPU_ROWS[row[0]]
         for precision, cell in zip(("fp32", "bf16", "int8"), row[1:], strict=True):
             shown = []
             for run in (1, 2):
                 report = json.loads((XEON_AMX_RUNS / f"run{run}_{precision}_b{batch}.json").read_text())
                 assert report["settings"]["precision"] == precision and report["machine"]["cpu_kernels"]
-                namc_ = next(e for e in report["inference"] if e["mode"] == mode)
-                peer = next(e for e in report["reference"] if e["mode"] == f"clip4idc_{mode}")
-                shown.append(f"{namc_['tokens_per_s']['median']:.1f} ({peer['speedup']:.2f}x)")
+                shown.append(_tokens_and_speedup(report, mode))
             assert cell == " / ".join(shown), (row[0], precision)
+
+
+XEON_AMX_PEERS = DOC.parents[1] / "docs" / "measurements" / "xeon_amx_session45"
+
+
+def test_readme_amx_peer_precision_figures_are_the_stored_reports():
+    # the README's session-45 table: namc in int8 against the peer in int8 and in bf16 (--reference-precision), each
+    # cell "tokens/s (speed-up) / ..." the median and speed-up of the reports kept in docs/measurements (run 1 / 2)
+    table = _readme_table("**Against the peer at its own fastest precision (session 45).**")
+    assert table[0][1:] == ["peer in int8", "peer in bf16"]
+    assert [r[0] for r in table[2:6]] == list(CPU_ROWS)
+    for row in table[2:6]:
+        batch, mode = CPU_ROWS[row[0]]
+        for peer_precision, cell in zip(("int8", "bf16"), row[1:], strict=True):
+            shown = []
+            for run in (1, 2):
+                name = f"run{run}_int8_b{batch}_peer_{peer_precision}.json"
+                report = json.loads((XEON_AMX_PEERS / name).read_text())
+                assert report["settings"]["precision"] == "int8"
+                assert report["settings"]["reference_precision"] == peer_precision
+                shown.append(_tokens_and_speedup(report, mode))
+            assert cell == " / ".join(shown), (row[0], peer_precision)
 
 
 QUALITY_ROWS = {  # README row -> the results file's precision

@@ -255,7 +255,7 @@ class FDG(nn.Module):
         step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32, 1.19x at 64; over memories of
         widths 32-768, 1.00-1.26x from 2^20 elements and 0.70-1.12x (median 0.93x) below, so fp32 there. With AMX
         the int8 prefill runs in bf16 on the tiles, as MIR does, writing bf16 keys / values at any size (namc_base,
-        two Xeon threads: 32 pairs 85.4 -> 39.9 ms, 1 pair 2.44 -> 2.19 ms)."""
+        two Xeon threads: 2.21-3.12x at 32 pairs, 1.26-1.34x at 1; decoding 1.08-1.21x at batch 32)."""
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
         vocab = self._vocab()
