@@ -266,7 +266,7 @@ class FDG(nn.Module):
             return
         packed = _StepWeights.each_matrix(packed, lambda weight, bias: _StepWeights.packed(weight, bias, precision))
         if precision == "int8":
-            bf16_kv = onednn.amx_bf16() and onednn.linear_available()
+            bf16_kv = onednn.amx_bf16() and onednn.bf16_supported() and onednn.linear_available()
             for attn in (block.cross_attn for block in self.blocks):  # the prefill (bf16 with AMX, as MIR)
                 if isinstance(attn.kv, nn.Linear) and bf16_kv and onednn.bf16_worthwhile(attn.kv.weight):
                     attn.kv = onednn.OneDNNLinear(attn.kv.weight, attn.kv.bias, torch.bfloat16)
