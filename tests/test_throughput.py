@@ -673,43 +673,44 @@ def _tokens_and_speedup(report: dict, mode: str) -> str:
     return f"{namc_['tokens_per_s']['median']:.1f} ({peer['speedup']:.2f}x)"
 
 
-def test_readme_amx_cpu_figures_are_the_stored_reports():
-    # every cell of the README's AMX Xeon table, "tokens/s (speed-up) / ...", is the median and speed-up of the
-    # reports kept in docs/measurements (run 1 / run 2; one report per precision and batch size)
-    table = _readme_table("**On an Intel Xeon with AMX (session 43).**")
-    assert table[0][1:] == ["fp32", "bf16", "int8"]
+def _assert_cpu_table(table: list[list[str]], columns: tuple[str, ...], report_of) -> None:
+    """Every cell of a README CPU table, "tokens/s (speed-up) / ...", is the median and speed-up of the reports kept
+    in docs/measurements, run 1 / run 2: ``report_of(run, batch, column)`` loads one and checks its settings."""
+    assert table[0][1:] == list(columns)
     assert [r[0] for r in table[2:6]] == list(CPU_ROWS)
     for row in table[2:6]:
         batch, mode = CPU_ROWS[row[0]]
-        for precision, cell in zip(("fp32", "bf16", "int8"), row[1:], strict=True):
-            shown = []
-            for run in (1, 2):
-                report = json.loads((XEON_AMX_RUNS / f"run{run}_{precision}_b{batch}.json").read_text())
-                assert report["settings"]["precision"] == precision and report["machine"]["cpu_kernels"]
-                shown.append(_tokens_and_speedup(report, mode))
-            assert cell == " / ".join(shown), (row[0], precision)
+        for column, cell in zip(columns, row[1:], strict=True):
+            shown = [_tokens_and_speedup(report_of(run, batch, column), mode) for run in (1, 2)]
+            assert cell == " / ".join(shown), (row[0], column)
+
+
+def test_readme_amx_cpu_figures_are_the_stored_reports():
+    # the README's AMX Xeon table of session 43: one report per precision and batch size
+    def report_of(run: int, batch: int, precision: str) -> dict:
+        report = json.loads((XEON_AMX_RUNS / f"run{run}_{precision}_b{batch}.json").read_text())
+        assert report["settings"]["precision"] == precision and report["machine"]["cpu_kernels"]
+        return report
+
+    table = _readme_table("**On an Intel Xeon with AMX (session 43).**")
+    _assert_cpu_table(table, ("fp32", "bf16", "int8"), report_of)
 
 
 XEON_AMX_PEERS = DOC.parents[1] / "docs" / "measurements" / "xeon_amx_session45"
 
 
 def test_readme_amx_peer_precision_figures_are_the_stored_reports():
-    # the README's session-45 table: namc in int8 against the peer in int8 and in bf16 (--reference-precision), each
-    # cell "tokens/s (speed-up) / ..." the median and speed-up of the reports kept in docs/measurements (run 1 / 2)
+    # the README's session-45 table: namc in int8 against the peer in int8 and in bf16 (--reference-precision)
+    def report_of(run: int, batch: int, column: str) -> dict:
+        peer_precision = column.removeprefix("peer in ")
+        name = f"run{run}_int8_b{batch}_peer_{peer_precision}.json"
+        report = json.loads((XEON_AMX_PEERS / name).read_text())
+        assert report["settings"]["precision"] == "int8"
+        assert report["settings"]["reference_precision"] == peer_precision
+        return report
+
     table = _readme_table("**Against the peer at its own fastest precision (session 45).**")
-    assert table[0][1:] == ["peer in int8", "peer in bf16"]
-    assert [r[0] for r in table[2:6]] == list(CPU_ROWS)
-    for row in table[2:6]:
-        batch, mode = CPU_ROWS[row[0]]
-        for peer_precision, cell in zip(("int8", "bf16"), row[1:], strict=True):
-            shown = []
-            for run in (1, 2):
-                name = f"run{run}_int8_b{batch}_peer_{peer_precision}.json"
-                report = json.loads((XEON_AMX_PEERS / name).read_text())
-                assert report["settings"]["precision"] == "int8"
-                assert report["settings"]["reference_precision"] == peer_precision
-                shown.append(_tokens_and_speedup(report, mode))
-            assert cell == " / ".join(shown), (row[0], peer_precision)
+    _assert_cpu_table(table, ("peer in int8", "peer in bf16"), report_of)
 
 
 QUALITY_ROWS = {  # README row -> the results file's precision

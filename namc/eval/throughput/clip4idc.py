@@ -130,13 +130,13 @@ class CLIP4IDCPeer(nn.Module):
         x = self.ln_mid(x + self.joint_positional_embedding)
         for block in blocks[self.intra_layers :]:
             x = block(x)
-        return (visual.ln_post(x) @ visual.proj).to(self.cross[0].norm1.weight.dtype)  # (B, 100, 512), as decoded
+        return visual.ln_post(x) @ visual.proj  # (B, 100, 512), in the dtype of the cross encoder (logits casts)
 
     def logits(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         """(B, T) prefix over (B, S, 512) memory -> (B, T, V): the cross encoder re-run over the memory, the
         decoder over the prefix, every position projected onto the vocabulary (``DecoderModel.forward``)."""
         T = tokens.shape[1]
-        memory = memory.to(self.cross[0].norm1.weight.dtype)  # the int8 peer's cross encoder is bf16 on AMX
+        memory = memory.to(self.cross[0].norm1.weight.dtype)  # the cross encoder's dtype (int8 peer on AMX: bf16)
         x = self.emb_norm(F.embedding(tokens, self.clip.token_embedding.weight) + self.clip.positional_embedding[:T])
         causal = torch.triu(torch.full((T, T), float("-inf"), dtype=x.dtype, device=x.device), 1)
         for encoder_layer, decoder_layer in zip(self.cross, self.decoder):
@@ -201,8 +201,8 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
         precision = "fp32"
     if precision == "fp32" and not onednn_ok:
         return peer
-    bf16_memory = precision == "int8" and onednn_ok and onednn.amx_bf16()  # as namc's int8 copy on AMX
     if precision == "int8":
+        bf16_memory = onednn_ok and onednn.amx_bf16()  # as namc's int8 copy on AMX
         forms = int8_forms(peer)
         if bf16_memory:
             memory_side = {id(m) for part in (peer.clip.visual, peer.cross) for m in part.modules()}
@@ -216,26 +216,24 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
         if not onednn_ok:
             return twin
         linear = functools.partial(OneDNNLinear, dtype=dtype)
-    twin = namc_norms(_convert(twin, linear))
-    if bf16_memory:  # the decoder's keys / values of the memory
-        for layer, original in zip(twin.decoder, peer.decoder):
-            weight, bias = original.multihead_attn.in_proj_weight.detach(), original.multihead_attn.in_proj_bias
-            width = layer.multihead_attn.out.out_features
-            layer.multihead_attn.kv = OneDNNLinear(weight[width:], bias.detach()[width:], torch.bfloat16)
-    return twin
+    return namc_norms(_convert(twin, linear))
 
 
 def _memory_side_to_bf16(peer: CLIP4IDCPeer) -> None:
     """What the peer computes from the images alone in bf16 on oneDNN's prepacked kernel, in place: the ViT, its
     before / after / joint embeddings and their LayerNorm (once per pair) and the cross encoder over the visual
-    memory (at every step, as CLIP4IDC decodes); :func:`peer_at` adds the decoder's keys / values of the memory. The
-    int8 peer on a CPU with AMX, where namc's int8 copy runs MIR and its cross-attention keys / values in bf16
-    (:func:`namc.models.precision.mir_in_bf16`, :meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`): on the
-    tiles bf16 runs products of hundreds of rows 1.4-3x faster than PyTorch's dynamic int8."""
+    memory (at every step, as CLIP4IDC decodes) and the decoder's keys / values of that memory (its queries and
+    output in dynamic int8). The int8 peer on a CPU with AMX, where namc's int8 copy runs MIR and its cross-attention
+    keys / values in bf16 (:func:`namc.models.precision.mir_in_bf16`, :meth:`FDG.pack_step
+    <namc.models.fdg.FDG.pack_step>`): on the tiles bf16 runs products of hundreds of rows 1.4-3x faster than
+    PyTorch's dynamic int8."""
     for param in (peer.bef_embedding, peer.aft_embedding, peer.joint_positional_embedding):
         param.data = param.data.to(torch.bfloat16)
+    bf16 = functools.partial(OneDNNLinear, dtype=torch.bfloat16)
     for part in (peer.clip.visual, peer.ln_mid, peer.cross):
-        _convert(part.to(torch.bfloat16), functools.partial(OneDNNLinear, dtype=torch.bfloat16))
+        _convert(part.to(torch.bfloat16), bf16)
+    for layer in peer.decoder:  # before _convert, which leaves a ProjectedAttention as it is
+        layer.multihead_attn = ProjectedAttention(layer.multihead_attn, DynamicLinear, cross=True, kv_linear=bf16)
 
 
 def _convert(twin: nn.Module, linear: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]) -> nn.Module:
@@ -295,13 +293,15 @@ class ProjectedAttention(nn.Module):
     self-attention run as one product, or, with ``cross``, the query's as one and the keys and values of the memory
     as another; the attention itself runs through ``F.scaled_dot_product_attention`` in the activations' dtype, as
     namc's. It takes the calls the peer makes (``batch_first`` or not, the queries as keys and values or, with
-    ``cross``, keys and values from one other tensor, ``attn_mask``, ``need_weights=False``)."""
+    ``cross``, keys and values from one other tensor, ``attn_mask``, ``need_weights=False``). ``kv_linear``, with
+    ``cross``: the form of the keys' and values' projection, where it differs from ``linear``'s."""
 
     def __init__(
         self,
         attention: nn.MultiheadAttention,
         linear: Callable[[torch.Tensor, torch.Tensor], nn.Module],
         cross: bool = False,
+        kv_linear: Callable[[torch.Tensor, torch.Tensor], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         if not attention._qkv_same_embed_dim or attention.in_proj_bias is None or attention.dropout:
@@ -312,7 +312,7 @@ class ProjectedAttention(nn.Module):
         weight, bias = attention.in_proj_weight.detach(), attention.in_proj_bias.detach()
         self.cross = cross
         if cross:  # the form of each call is known when built: one conversion of the input projection, not two
-            self.q, self.kv = linear(weight[:width], bias[:width]), linear(weight[width:], bias[width:])
+            self.q, self.kv = linear(weight[:width], bias[:width]), (kv_linear or linear)(weight[width:], bias[width:])
         else:
             self.qkv = linear(weight, bias)
         self.out = linear(attention.out_proj.weight.detach(), attention.out_proj.bias.detach())
