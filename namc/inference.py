@@ -226,9 +226,15 @@ def _describe_list(model: NAMC, pairs: list[ListedPair], args: argparse.Namespac
             args.output.parent.mkdir(parents=True, exist_ok=True)
             out = stack.enter_context(args.output.open("w", encoding="utf-8"))
         records = caption_pair_list(
-            model, pairs, args.batch_size, args.max_image_pixels, num_beams=args.beams,
-            max_new_tokens=args.max_new_tokens, precision=args.precision, vocabulary=vocabulary,
-        )  # fmt: skip
+            model,
+            pairs,
+            args.batch_size,
+            args.max_image_pixels,
+            num_beams=args.beams,
+            max_new_tokens=args.max_new_tokens,
+            precision=args.precision,
+            vocabulary=vocabulary,
+        )
         for number, record in enumerate(records, start=1):
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             if record["caption"] is None:
@@ -241,8 +247,10 @@ def _describe_list(model: NAMC, pairs: list[ListedPair], args: argparse.Namespac
     summary = f"captioned {done} of {len(pairs)} pairs in {seconds:.1f} s ({done / seconds:.1f} pairs/s)"
     if issues:
         kinds = ", ".join(f"{kind}={n}" for kind, n in sorted(issues.items()))
-        print(f"namc describe: {summary}; skipped {sum(issues.values())} ({kinds}), first at {args.pairs} "
-              f"{first_error}", file=sys.stderr)  # fmt: skip
+        print(
+            f"namc describe: {summary}; skipped {sum(issues.values())} ({kinds}), first at {args.pairs} {first_error}",
+            file=sys.stderr,
+        )
         return 1
     print(f"namc describe: {summary}", file=sys.stderr)
     return 0
@@ -257,8 +265,11 @@ def _note_unknown_words(model: NAMC, captions: list[str], source: str) -> None:
     unknown = sorted({word for caption in captions for word in tokenizer.split(caption) if word not in tokenizer.index})
     if unknown:
         shown = ", ".join(unknown[:8]) + (", ..." if len(unknown) > 8 else "")
-        print(f"namc describe: note: {source}: {len(unknown)} word(s) outside the model's vocabulary ({shown}) are "
-              "listed as [UNK], which the caption may then use", file=sys.stderr)  # fmt: skip
+        print(
+            f"namc describe: note: {source}: {len(unknown)} word(s) outside the model's vocabulary ({shown}) are "
+            "listed as [UNK], which the caption may then use",
+            file=sys.stderr,
+        )
 
 
 def _error(message: str, code: int) -> int:
@@ -299,15 +310,24 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             _note_unknown_words(model, captions, args.vocabulary)
         if args.shortlist:
             if model.training_shortlist is None:
-                return _error(f"--shortlist: {args.model} has no training shortlist (shortlist.json, which "
-                              "fine-tuning saves): pass --vocabulary CAPTIONS.txt instead", 2)  # fmt: skip
+                return _error(
+                    f"--shortlist: {args.model} has no training shortlist (shortlist.json, which "
+                    "fine-tuning saves): pass --vocabulary CAPTIONS.txt instead",
+                    2,
+                )
             vocabulary = model.training_shortlist
         if pairs is not None:
             return _describe_list(model, pairs, args, vocabulary)
         caption = describe(
-            model, args.image1, args.image2, args.beams, args.max_new_tokens, max_image_pixels=args.max_image_pixels,
-            precision=args.precision, vocabulary=vocabulary,
-        )  # fmt: skip
+            model,
+            args.image1,
+            args.image2,
+            args.beams,
+            args.max_new_tokens,
+            max_image_pixels=args.max_image_pixels,
+            precision=args.precision,
+            vocabulary=vocabulary,
+        )
     except BrokenPipeError:  # the reader of stdout stopped (`namc describe --pairs LIST | head`): stop too
         return stdout_closed()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path on the command line

@@ -106,8 +106,19 @@ def test_relevance_figure_and_coattention(tiny, tmp_path):
 def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
     tiny.save_pretrained(tmp_path / "model")
     a, b = _pair(tmp_path)
-    code = analysis_cli.main(["relevance", "--model", str(tmp_path / "model"), str(a), str(b), "--description",
-                              "two cubes", "--out", str(tmp_path / "x.png")])  # fmt: skip
+    code = analysis_cli.main(
+        [
+            "relevance",
+            "--model",
+            str(tmp_path / "model"),
+            str(a),
+            str(b),
+            "--description",
+            "two cubes",
+            "--out",
+            str(tmp_path / "x.png"),
+        ]
+    )
     assert code == 2 and "namc analyze relevance: error:" in capsys.readouterr().err
     code = analysis_cli.main(["reconstruction", "--model", str(tmp_path / "model"), "--corpus", str(tmp_path)])
     assert code == 2 and "--vqgan" in capsys.readouterr().err

@@ -272,8 +272,9 @@ def _member_offsets(shard: Path) -> list[tuple[str, int, int]]:
         return [(m.name, m.offset, m.offset_data + m.size) for m in tar.getmembers()]
 
 
-def _copy_shard(packed: Path, out: Path, cut: Callable[[list[tuple[str, int, int]]], int], with_index: bool,
-                with_sidecar: bool) -> Path:  # fmt: skip
+def _copy_shard(
+    packed: Path, out: Path, cut: Callable[[list[tuple[str, int, int]]], int], with_index: bool, with_sidecar: bool
+) -> Path:
     out.mkdir()
     data = (packed / "shard-000001.tar").read_bytes()
     (out / "shard-000001.tar").write_bytes(data[: cut(_member_offsets(packed / "shard-000001.tar"))])
@@ -469,9 +470,16 @@ def test_model_folder_records_digests_and_a_card(saved: Path) -> None:
     assert set(cfg["files"]) == {"model.safetensors", "tokenizer.json"}
     assert cfg["files"]["model.safetensors"]["bytes"] == (saved / "model.safetensors").stat().st_size
     card = (saved / "README.md").read_text()
-    for text in ("library_name: namc", "| preset | `namc_tiny` |", "| image size | 32 x 32 px", "| tokenizer | word,",
-                 "| FDG caption decoder |", "shapes world, 6 pairs", "| val/cider | 0.5 |",
-                 cfg["files"]["model.safetensors"]["sha256"]):  # fmt: skip
+    for text in (
+        "library_name: namc",
+        "| preset | `namc_tiny` |",
+        "| image size | 32 x 32 px",
+        "| tokenizer | word,",
+        "| FDG caption decoder |",
+        "shapes world, 6 pairs",
+        "| val/cider | 0.5 |",
+        cfg["files"]["model.safetensors"]["sha256"],
+    ):
         assert text in card
     with pytest.raises(ValueError, match=r"unknown model card keys \['metric'\]"):
         create_model("namc_tiny", pretraining=False).save_pretrained(saved.parent / "x", card={"metric": {}})
@@ -595,12 +603,28 @@ def _describe_case(case: str, saved: Path, pair: tuple[Path, Path], tmp: Path) -
 
 
 DESCRIBE_CASES = [
-    "image_is_a_directory", "image_missing", "image_corrupt", "image_oversized", "model_preset_name", "model_missing",
-    "model_of_another_preset", "weights_truncated", "config_syntax_error", "pickle_checkpoint",
-    "max_new_tokens_negative", "max_new_tokens_over_the_model", "beams_zero", "device_cuda_without_gpu",
-    "device_unknown", "vocabulary_missing", "vocabulary_not_utf8", "vocabulary_blank", "shortlist_none_saved",
-    "shortlist_and_vocabulary", "shortlist_tampered",
-]  # fmt: skip
+    "image_is_a_directory",
+    "image_missing",
+    "image_corrupt",
+    "image_oversized",
+    "model_preset_name",
+    "model_missing",
+    "model_of_another_preset",
+    "weights_truncated",
+    "config_syntax_error",
+    "pickle_checkpoint",
+    "max_new_tokens_negative",
+    "max_new_tokens_over_the_model",
+    "beams_zero",
+    "device_cuda_without_gpu",
+    "device_unknown",
+    "vocabulary_missing",
+    "vocabulary_not_utf8",
+    "vocabulary_blank",
+    "shortlist_none_saved",
+    "shortlist_and_vocabulary",
+    "shortlist_tampered",
+]
 
 
 @pytest.mark.parametrize("case", DESCRIBE_CASES)
@@ -660,8 +684,10 @@ def test_training_cli_refuses_unsafe_checkpoint_loading(
 def test_training_cli_names_a_missing_or_damaged_checkpoint(saved: Path, tmp_path: Path, capsys) -> None:
     config = REPO / "configs" / "finetune" / "clevr_change.yaml"
     model = load_model(saved)
-    torch.save({"state_dict": model.state_dict(), "namc": checkpoint_entry(model.config, model.tokenizer, "0")},
-               tmp_path / "whole.ckpt")  # fmt: skip
+    torch.save(
+        {"state_dict": model.state_dict(), "namc": checkpoint_entry(model.config, model.tokenizer, "0")},
+        tmp_path / "whole.ckpt",
+    )
     (tmp_path / "cut.ckpt").write_bytes((tmp_path / "whole.ckpt").read_bytes()[:5000])
     for path, message in ((tmp_path / "nope.ckpt", "no saved model at"), (tmp_path / "cut.ckpt", "cannot read")):
         assert namc_main(["test", "--config", str(config), "--ckpt_path", str(path)]) == 2

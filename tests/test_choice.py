@@ -67,13 +67,31 @@ def test_scores_match_hand_computed_logprobs(tiny: dict) -> None:
 def test_accuracy_follows_the_highest_score(tiny: dict, tmp_path) -> None:
     root, model = tiny["root"], tiny["model"]
     lines = [
-        {"id": "a", "image1": str(root / "p0_1.png"), "image2": str(root / "p0_2.png"), "candidates": TEXTS[:3],
-         "answer": 0, "category": "material"},
-        {"id": "b", "image1": str(root / "p1_1.png"), "image2": str(root / "p1_2.png"), "candidates": TEXTS[2:],
-         "answer": 2, "category": "size"},
-        {"id": "c", "image1": str(root / "missing.png"), "image2": str(root / "p1_2.png"), "candidates": TEXTS[:2],
-         "answer": 1, "category": "size"},
-    ]  # fmt: skip
+        {
+            "id": "a",
+            "image1": str(root / "p0_1.png"),
+            "image2": str(root / "p0_2.png"),
+            "candidates": TEXTS[:3],
+            "answer": 0,
+            "category": "material",
+        },
+        {
+            "id": "b",
+            "image1": str(root / "p1_1.png"),
+            "image2": str(root / "p1_2.png"),
+            "candidates": TEXTS[2:],
+            "answer": 2,
+            "category": "size",
+        },
+        {
+            "id": "c",
+            "image1": str(root / "missing.png"),
+            "image2": str(root / "p1_2.png"),
+            "candidates": TEXTS[:2],
+            "answer": 1,
+            "category": "size",
+        },
+    ]
     path = tmp_path / "choices.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     res = evaluate_choices(model, read_choices(path), batch_size=2)
@@ -116,16 +134,29 @@ def test_bad_lines_name_file_and_line(tmp_path) -> None:
 def test_med_release_format(tmp_path) -> None:
     # the layout of benchmark/MED_bench.json and MED_real_set.json in github.com/beccabai/hallu_med
     bench = [
-        {"image_name": "images/test_00043.jpg", "edited_image_name": "images/test_00043_edited.jpg",
-         "type": "Negation", "question": "What's the most significant contrast between these two photos?",
-         "options": ["A. In the second image, the cracks are absent.  ", "B. In the second image, ice is gone.",
-                     "C. In the second image, the sign is red.", "D. Nothing differs."], "answer": "C"},
-    ]  # fmt: skip
+        {
+            "image_name": "images/test_00043.jpg",
+            "edited_image_name": "images/test_00043_edited.jpg",
+            "type": "Negation",
+            "question": "What's the most significant contrast between these two photos?",
+            "options": [
+                "A. In the second image, the cracks are absent.  ",
+                "B. In the second image, ice is gone.",
+                "C. In the second image, the sign is red.",
+                "D. Nothing differs.",
+            ],
+            "answer": "C",
+        },
+    ]
     real = [
-        {"image_name": "/path/to/MMVP Images/1.jpg", "edited_image_name": "/path/to/MMVP Images/2.jpg",
-         "options": ["A. Wings open in the first image.", "B. Wings closed in the first image."], "answer": "A",
-         "question": "What's the most significant contrast between these two photos?"},
-    ]  # fmt: skip
+        {
+            "image_name": "/path/to/MMVP Images/1.jpg",
+            "edited_image_name": "/path/to/MMVP Images/2.jpg",
+            "options": ["A. Wings open in the first image.", "B. Wings closed in the first image."],
+            "answer": "A",
+            "question": "What's the most significant contrast between these two photos?",
+        },
+    ]
     (tmp_path / "MED_bench.json").write_text(json.dumps(bench))
     (tmp_path / "MED_real_set.json").write_text(json.dumps(real))
     (item,) = read_med(tmp_path / "MED_bench.json")
@@ -142,8 +173,10 @@ def test_minimal_pairs_generator_and_the_eval_choice_command(tiny: dict, tmp_pat
     from namc.data.cli import main as data_main
     from namc.eval.captions.cli import main as eval_main
 
-    assert data_main(["minimal-pairs", "--out", str(tmp_path / "mp"), "--items", "16", "--image-size", "32",
-                      "--quiet"]) == 0  # fmt: skip
+    assert (
+        data_main(["minimal-pairs", "--out", str(tmp_path / "mp"), "--items", "16", "--image-size", "32", "--quiet"])
+        == 0
+    )
     items = read_choices(tmp_path / "mp" / "choices.jsonl")
     assert [it.category for it in items] == list(CATEGORIES) * 2
     for it in items:
@@ -152,17 +185,30 @@ def test_minimal_pairs_generator_and_the_eval_choice_command(tiny: dict, tmp_pat
     by_cat = {it.category: it for it in items}
     assert len(by_cat["size"].candidates) == 2 and len(by_cat["colour"].candidates) == 4
     assert by_cat["no_change"].candidates[by_cat["no_change"].answer] in {
-        "no change was made", "the scene remains the same", "nothing has changed", "the two scenes seem identical",
-        "there is no difference", "the scene is the same as before",
-    }  # fmt: skip
+        "no change was made",
+        "the scene remains the same",
+        "nothing has changed",
+        "the two scenes seem identical",
+        "there is no difference",
+        "the scene is the same as before",
+    }
     # the same seed writes the same items
     again = generate_minimal_pairs(tmp_path / "mp2", 16, image_size=32)
     assert (tmp_path / "mp2" / "choices.jsonl").read_text() == (tmp_path / "mp" / "choices.jsonl").read_text()
     assert again["items"] == 16 and set(again["categories"]) == set(CATEGORIES)
     capsys.readouterr()
     out = tmp_path / "res.json"
-    code = eval_main(["choice", str(tmp_path / "mp" / "choices.jsonl"), "--model", str(tiny["root"] / "model"),
-                      "--out", str(out), "--quiet"])  # fmt: skip
+    code = eval_main(
+        [
+            "choice",
+            str(tmp_path / "mp" / "choices.jsonl"),
+            "--model",
+            str(tiny["root"] / "model"),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "overall" in printed and "chance" in printed

@@ -224,19 +224,38 @@ def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
     run = tmp_path / "run"
     config = {
         "seed_everything": 0,
-        "trainer": {"accelerator": "cpu", "max_epochs": 1, "default_root_dir": str(run), "enable_progress_bar": False,
-                    "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                               "init_args": {"save_dir": str(run), "name": "tb", "version": ""}},
-                    "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                                   "init_args": {"dirpath": str(run / "ckpt"), "monitor": "val/cider", "mode": "max",
-                                                 "filename": "best"}},
-                                  {"class_path": "namc.lit.ExportModel"},
-                                  {"class_path": "namc.lit.CaptionWriter"}]},
-        "model": {"class_path": "namc.lit.FinetuneModule",
-                  "init_args": {"model": "namc_tiny", "overrides": {"image_size": 32, "dim": 32, "heads": 2}}},
-        "data": {"class_path": "namc.lit.datamodules.BenchmarkDataModule",
-                 "init_args": {"name": "clevr_change", "root": str(bench), "batch_size": 8, "num_workers": 0}},
-    }  # fmt: skip
+        "trainer": {
+            "accelerator": "cpu",
+            "max_epochs": 1,
+            "default_root_dir": str(run),
+            "enable_progress_bar": False,
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": str(run), "name": "tb", "version": ""},
+            },
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {
+                        "dirpath": str(run / "ckpt"),
+                        "monitor": "val/cider",
+                        "mode": "max",
+                        "filename": "best",
+                    },
+                },
+                {"class_path": "namc.lit.ExportModel"},
+                {"class_path": "namc.lit.CaptionWriter"},
+            ],
+        },
+        "model": {
+            "class_path": "namc.lit.FinetuneModule",
+            "init_args": {"model": "namc_tiny", "overrides": {"image_size": 32, "dim": 32, "heads": 2}},
+        },
+        "data": {
+            "class_path": "namc.lit.datamodules.BenchmarkDataModule",
+            "init_args": {"name": "clevr_change", "root": str(bench), "batch_size": 8, "num_workers": 0},
+        },
+    }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["fit", "--config", str(path)]) == 0

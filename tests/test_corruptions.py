@@ -76,8 +76,9 @@ def test_benchmark_datamodule_applies_the_shifts(tmp_path):
     root = tmp_path / "clevr"
     generate_benchmark(root, 10, 64, 0, 2, splits=(0.6, 0.2, 0.2), progress=False)
     clean = BenchmarkDataModule("clevr_change", str(root), batch_size=2, num_workers=0, image_size=64)
-    shifted = BenchmarkDataModule("clevr_change", str(root), batch_size=2, num_workers=0, image_size=64,
-                                  corruption="fog", caption_noise=0.6)  # fmt: skip
+    shifted = BenchmarkDataModule(
+        "clevr_change", str(root), batch_size=2, num_workers=0, image_size=64, corruption="fog", caption_noise=0.6
+    )
     a, b = clean._shifted("train")[0], shifted._shifted("train")[0]
     assert a["id"] == b["id"] and a["captions"] != b["captions"] and not torch.equal(a["image1"], b["image1"])
     t_clean, t_shift = clean._shifted("test")[0], shifted._shifted("test")[0]

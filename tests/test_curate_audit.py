@@ -38,12 +38,31 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model = namc.create_model("namc_tiny", tokenizer=WordTokenizer.build(texts), dim=32, heads=2)
     model.save_pretrained(root / "model")
     out = root / "reports" / "audit"  # another depth than the manifest's folder: references must be rebased
-    rc = audit_main(["--model", str(root / "model"), "--manifest", str(manifest), "--out", str(out), "--quiet",
-                     "--batch-size", "5", "--max-flagged", "0.1"])  # fmt: skip
+    rc = audit_main(
+        [
+            "--model",
+            str(root / "model"),
+            "--manifest",
+            str(manifest),
+            "--out",
+            str(out),
+            "--quiet",
+            "--batch-size",
+            "5",
+            "--max-flagged",
+            "0.1",
+        ]
+    )
     assert rc == 0
     rows = [json.loads(line) for line in (out / "audit.jsonl").read_text(encoding="utf-8").splitlines()]
-    return {"root": root, "manifest": manifest, "out": out, "rows": rows, "model": model,
-            "summary": json.loads((out / "summary.json").read_text())}  # fmt: skip
+    return {
+        "root": root,
+        "manifest": manifest,
+        "out": out,
+        "rows": rows,
+        "model": model,
+        "summary": json.loads((out / "summary.json").read_text()),
+    }
 
 
 def test_scores_are_nims_irrelevance_per_word(world: dict) -> None:

@@ -53,9 +53,14 @@ def _write_pairs(path: Path, shapes: dict, n: int, extra: dict[int, dict] | None
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for i, r in enumerate(shapes["records"][:n]):
-            pair = {"id": r["id"], "source": "shapes", "key1": f"{r['id']}/1", "key2": f"{r['id']}/2",
-                    "image1": os.path.relpath(corpus / r["image1"], path.parent),
-                    "image2": os.path.relpath(corpus / r["image2"], path.parent)}  # fmt: skip
+            pair = {
+                "id": r["id"],
+                "source": "shapes",
+                "key1": f"{r['id']}/1",
+                "key2": f"{r['id']}/2",
+                "image1": os.path.relpath(corpus / r["image1"], path.parent),
+                "image2": os.path.relpath(corpus / r["image2"], path.parent),
+            }
             if captions:
                 pair.update(caption1=r["desc1"], caption2=r["desc2"])
             pair.update((extra or {}).get(i, {}))
@@ -71,14 +76,23 @@ def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> 
     pairs.parent.mkdir()
     (tmp_path / "in" / "broken.png").write_bytes(b"\x89PNG not really")
     extra = {
-        0: {"caption1": "w [[429:0,ok]]"}, 1: {"caption1": "a [[500]]"}, 2: {"caption1": "b [[drop,ok]]"},
-        3: {"caption1": "c [[slow]]"}, 4: {"caption1": "d [[off]]"}, 5: {"caption1": "e [[empty]]"},
-        6: {"image2": "missing.png"}, 7: {"image1": "broken.png"}, 8: {"source": "std"},  # std without difference
-        9: {"source": "ip2p", "instruction": "make it blue"}, 10: {"source": "std", "difference": "a cube moved"},
-        11: {"caption1": "f [[garbled]]"}, 12: {"caption1": "g [[cut]]"}, 13: {"caption1": "h [[nousage]]"},
+        0: {"caption1": "w [[429:0,ok]]"},
+        1: {"caption1": "a [[500]]"},
+        2: {"caption1": "b [[drop,ok]]"},
+        3: {"caption1": "c [[slow]]"},
+        4: {"caption1": "d [[off]]"},
+        5: {"caption1": "e [[empty]]"},
+        6: {"image2": "missing.png"},
+        7: {"image1": "broken.png"},
+        8: {"source": "std"},  # std without difference
+        9: {"source": "ip2p", "instruction": "make it blue"},
+        10: {"source": "std", "difference": "a cube moved"},
+        11: {"caption1": "f [[garbled]]"},
+        12: {"caption1": "g [[cut]]"},
+        13: {"caption1": "h [[nousage]]"},
         14: {"source": "ip2p_folder", "instruction": "make it red"},  # a source named by its kind
         15: {"source": "my_edits", "instruction": "make it green"},  # a name of the user's: the pair's fields
-    }  # fmt: skip
+    }
     _write_pairs(pairs, shapes, 16, extra)
     with open(pairs, "a", encoding="utf-8") as f:
         f.write("{not json\n" + json.dumps({"id": shapes["records"][0]["id"], "source": "dup"}) + "\n")
@@ -89,8 +103,14 @@ def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> 
         summary = json.loads(out.with_name("descriptions.summary.json").read_text())
         assert summary["lines"] == 18
         assert summary["ok"] == 16 - 6 and summary["retried_ok"] == 2
-        assert summary["failed"] == {"server_error": 1, "timeout": 1, "missing_image": 1, "corrupt_image": 1,
-                                     "missing_field": 1, "bad_response": 1}  # fmt: skip
+        assert summary["failed"] == {
+            "server_error": 1,
+            "timeout": 1,
+            "missing_image": 1,
+            "corrupt_image": 1,
+            "missing_field": 1,
+            "bad_response": 1,
+        }
         assert summary["skipped"] == {"malformed_line": 1, "duplicate_id": 1}
         assert summary["retries"] == {"rate_limit": 1, "server_error": 2, "connection": 1, "timeout": 2}
         assert summary["completion_tokens"] > 0 and summary["prompt_tokens"] > summary["completion_tokens"]
@@ -136,8 +156,10 @@ def test_filter_table14_statistics(shapes: dict, tmp_path: Path) -> None:
     assert filter_cli.main(["--results", str(out), "--out", str(tmp_path / "corpus" / "manifest.jsonl")]) == 0
     stats = json.loads((tmp_path / "corpus" / "table14.json").read_text())
     rows = stats["table14"]
-    texts = [echo_answer(f"First image could be described as: {a}. Second image could be described as: {b}. ", [])
-             for a, b in [(r["desc1"], r["desc2"]) for r in recs[:5]]]  # fmt: skip
+    texts = [
+        echo_answer(f"First image could be described as: {a}. Second image could be described as: {b}. ", [])
+        for a, b in [(r["desc1"], r["desc2"]) for r in recs[:5]]
+    ]
     texts[1] = texts[2] = texts[0]
     assert rows["shapes"]["total"] == 5 and rows["shapes"]["unique"] == len(set(texts)) == 3
     assert rows["shapes"]["repetition"] == 2 and rows["shapes"]["repetition_ratio"] == pytest.approx(0.4)
@@ -159,8 +181,11 @@ def test_caption_step_then_describe_with_joined_captions(shapes: dict, tmp_path:
         assert caption_cli.main(["--pairs", str(pairs), "--out", str(out), "--base-url", server.url, *FAST]) == 0
         captions = _results(out)
         lines = [json.loads(line) for line in pairs.read_text().splitlines()]
-        expected = {f"{r['id']}/{k}" for r in shapes["records"][:4] for k in (1, 2)} if keys else {
-            p[f"image{k}"] for p in lines for k in (1, 2)}  # fmt: skip
+        expected = (
+            {f"{r['id']}/{k}" for r in shapes["records"][:4] for k in (1, 2)}
+            if keys
+            else {p[f"image{k}"] for p in lines for k in (1, 2)}
+        )
         assert len(captions) == 8 and {c["key"] for c in captions} == expected
         assert server.images_seen == 8  # one image per caption request
         res = tmp_path / "descriptions.jsonl"
@@ -170,8 +195,20 @@ def test_caption_step_then_describe_with_joined_captions(shapes: dict, tmp_path:
 
 
 def _describe_proc(pairs: Path, out: Path, url: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "namc.curate.describe", "--pairs", str(pairs), "--out", str(out), "--base-url", url,
-           "--concurrency", "4", *FAST]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "namc.curate.describe",
+        "--pairs",
+        str(pairs),
+        "--out",
+        str(out),
+        "--base-url",
+        url,
+        "--concurrency",
+        "4",
+        *FAST,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -244,14 +281,28 @@ def test_chain_on_the_shapes_world_down_to_pretraining(shapes: dict, tmp_path: P
     assert [s["samples"] for s in index["shards"]] == [8, 8]  # every accepted pair packed
 
     pl.seed_everything(0)
-    dm = CorpusDataModule(train=str(tmp_path / "shards"), batch_size=8, num_workers=0, image_size=64,
-                          max_text_len=48, max_caption_len=64, shuffle_buffer=8)  # fmt: skip
+    dm = CorpusDataModule(
+        train=str(tmp_path / "shards"),
+        batch_size=8,
+        num_workers=0,
+        image_size=64,
+        max_text_len=48,
+        max_caption_len=64,
+        shuffle_buffer=8,
+    )
     module = PretrainModule(
         "namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"dropout": 0.0, "dim": 32, "heads": 2}
     )
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False,
-                         default_root_dir=str(tmp_path / "run"))  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path / "run"),
+    )
     trainer.fit(module, datamodule=dm)
     assert trainer.global_step == 2
     loss = trainer.callback_metrics.get("train/loss")
@@ -261,10 +312,12 @@ def test_chain_on_the_shapes_world_down_to_pretraining(shapes: dict, tmp_path: P
 def test_caption_an_image_index_counts_every_image(shapes: dict, tmp_path: Path) -> None:
     corpus = shapes["root"] / "corpus"
     r = shapes["records"]
-    rows = [{"key": "a", "image": str(corpus / r[0]["image1"])},
-            {"key": "b", "image": str(corpus / r[0]["image2"]), "caption": "already captioned"},
-            {"key": "c", "image": "gone.png"},
-            {"key": "a", "image": str(corpus / r[1]["image1"])}]  # fmt: skip
+    rows = [
+        {"key": "a", "image": str(corpus / r[0]["image1"])},
+        {"key": "b", "image": str(corpus / r[0]["image2"]), "caption": "already captioned"},
+        {"key": "c", "image": "gone.png"},
+        {"key": "a", "image": str(corpus / r[1]["image1"])},
+    ]
     index = tmp_path / "images.jsonl"
     index.write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
     with LLMServer() as server:
@@ -294,10 +347,14 @@ def test_filter_takes_hand_made_results_lines_without_crashing(tmp_path: Path) -
     """A blank source is "unknown" (not a record that fails validation), a blank id a counted rejection."""
     from namc.curate.filtering import filter_results
 
-    text = ("The difference between the two images is that the first image shows a red cube, while the second image "
-            "shows a blue cube.")  # fmt: skip
-    rows = [{"id": i, "source": src, "image1": "a.png", "image2": "b.png", "status": "ok", "text": text}
-            for i, src in (("p0", "cc3m"), ("p1", " "), (" ", "cc3m"))]  # fmt: skip
+    text = (
+        "The difference between the two images is that the first image shows a red cube, while the second image "
+        "shows a blue cube."
+    )
+    rows = [
+        {"id": i, "source": src, "image1": "a.png", "image2": "b.png", "status": "ok", "text": text}
+        for i, src in (("p0", "cc3m"), ("p1", " "), (" ", "cc3m"))
+    ]
     (tmp_path / "descriptions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = filter_results(tmp_path / "descriptions.jsonl", tmp_path / "manifest.jsonl", tmp_path / "rejects.jsonl")
     assert report.accepted == 2

@@ -88,10 +88,31 @@ def _corpus(folder: Path, n_good: int = 12) -> dict[str, str]:
 
 
 def _args(work: Path, clip: Path, dino: Path, out: str = "features", shard_size: int = 5) -> list[str]:
-    return ["--workdir", str(work), "--out", str(work / out), "--clip_weights", str(clip), "--dino_weights",
-            str(dino), "--arch", "tiny", "--shard_size", str(shard_size), "--batch_size", "2", "--num_workers", "0",
-            "--max_image_pixels", "80000", "--quiet", "--trainer.accelerator", "cpu",
-            "--trainer.devices", "1"]  # fmt: skip
+    return [
+        "--workdir",
+        str(work),
+        "--out",
+        str(work / out),
+        "--clip_weights",
+        str(clip),
+        "--dino_weights",
+        str(dino),
+        "--arch",
+        "tiny",
+        "--shard_size",
+        str(shard_size),
+        "--batch_size",
+        "2",
+        "--num_workers",
+        "0",
+        "--max_image_pixels",
+        "80000",
+        "--quiet",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "1",
+    ]
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -177,8 +198,14 @@ def test_embed_refuses_a_folder_of_other_settings(tmp_path: Path, capsys: pytest
 
 def _run(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "namc", "curate", "embed", *args], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "namc", "curate", "embed", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kw,
+    )
 
 
 def test_embed_rerun_after_an_interruption_redoes_only_unfinished_shards(tmp_path: Path) -> None:

@@ -106,8 +106,9 @@ def _png(color: tuple[int, int, int]) -> str:
 
 
 def _config(url: str, **kw) -> ClientConfig:
-    args = dict(base_url=url, model="test-vlm", concurrency=8, timeout=0.4, max_attempts=3, backoff_base=0.01,
-                backoff_max=0.05)  # fmt: skip
+    args = dict(
+        base_url=url, model="test-vlm", concurrency=8, timeout=0.4, max_attempts=3, backoff_base=0.01, backoff_max=0.05
+    )
     return ClientConfig(**{**args, **kw})
 
 

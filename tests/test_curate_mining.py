@@ -266,9 +266,10 @@ def test_pairs_cli_writes_pairs_and_summary(tmp_path: Path) -> None:
     work.mkdir()
     images = work / "images.jsonl"
     images.write_text(
-        "".join(json.dumps({"key": k, "source": "cc3m", "image": f"/data/{k}.jpg", "caption": f"c{k}"}) + "\n"
-                for k in keys)
-    )  # fmt: skip
+        "".join(
+            json.dumps({"key": k, "source": "cc3m", "image": f"/data/{k}.jpg", "caption": f"c{k}"}) + "\n" for k in keys
+        )
+    )
     _write_features(work / "features" / "clip", keys, clip, images)
     # DINO rows in another order: rows are aligned by key
     order = [6, 0, 1, 2, 3, 4, 5]
@@ -278,8 +279,10 @@ def test_pairs_cli_writes_pairs_and_summary(tmp_path: Path) -> None:
     assert pairs_main(["--config", str(config), "--no_progress"]) == 0
     lines = [json.loads(x) for x in (work / "pairs.jsonl").read_text().splitlines()]
     assert [(x["key1"], x["key2"], x["cluster"]) for x in lines] == [
-        ("cc3m/000", "cc3m/002", 0), ("cc3m/000", "cc3m/003", 1), ("cc3m/000", "cc3m/006", 2)
-    ]  # fmt: skip
+        ("cc3m/000", "cc3m/002", 0),
+        ("cc3m/000", "cc3m/003", 1),
+        ("cc3m/000", "cc3m/006", 2),
+    ]
     assert lines[0]["image1"] == "/data/cc3m/000.jpg" and lines[0]["caption2"] == "ccc3m/002"
     assert lines[0]["source"] == "cc3m" and len({x["id"] for x in lines}) == 3
     assert abs(lines[0]["sim_dino"] - 0.88) < 1e-3
@@ -331,8 +334,13 @@ def test_written_pairs_skip_and_count_malformed_image_lines(tmp_path: Path) -> N
     from namc.curate.mining.cli import write_pairs
     from namc.curate.mining.pipeline import Pair
 
-    lines = [{"key": "a", "image": "a.jpg"}, {"key": "b", "image": "b.jpg"}, {"key": "c"}, {"key": ["d"], "image": "d"},
-             {"key": "e", "image": "e.jpg", "caption": "an e"}]  # fmt: skip
+    lines = [
+        {"key": "a", "image": "a.jpg"},
+        {"key": "b", "image": "b.jpg"},
+        {"key": "c"},
+        {"key": ["d"], "image": "d"},
+        {"key": "e", "image": "e.jpg", "caption": "an e"},
+    ]
     (tmp_path / "images.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{broken\n")
     pairs = [Pair(0, 1, 0, 0.9, 0.8), Pair(0, 2, 0, 0.9, 0.8), Pair(3, 4, 1, 0.9, 0.8), Pair(4, 0, 1, 0.9, 0.8)]
     n, dropped = write_pairs(pairs, ["a", "b", "c", "d", "e"], tmp_path / "images.jsonl", tmp_path / "pairs.jsonl")

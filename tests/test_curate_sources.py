@@ -96,13 +96,28 @@ def test_pack_reads_tar_refs(tmp_path: Path) -> None:
         for name, data in images.items():
             _add(tar, name, data)
     records = [
-        {"id": "p0", "source": "cc3m", "image1": "imgs/00000.tar::000000000.jpg",
-         "image2": "imgs/00000.tar::000000001.jpg", "description": GOOD.format("a blue cube")},
-        {"id": "p1", "source": "cc3m", "image1": str(shard) + "::000000002.jpg",
-         "image2": "imgs/00000.tar::000000003.jpg", "description": GOOD.format("a green cube")},
-        {"id": "p2", "source": "cc3m", "image1": "imgs/00000.tar::000000009.jpg",
-         "image2": "imgs/00000.tar::000000003.jpg", "description": GOOD.format("a cube")},
-    ]  # fmt: skip
+        {
+            "id": "p0",
+            "source": "cc3m",
+            "image1": "imgs/00000.tar::000000000.jpg",
+            "image2": "imgs/00000.tar::000000001.jpg",
+            "description": GOOD.format("a blue cube"),
+        },
+        {
+            "id": "p1",
+            "source": "cc3m",
+            "image1": str(shard) + "::000000002.jpg",
+            "image2": "imgs/00000.tar::000000003.jpg",
+            "description": GOOD.format("a green cube"),
+        },
+        {
+            "id": "p2",
+            "source": "cc3m",
+            "image1": "imgs/00000.tar::000000009.jpg",
+            "image2": "imgs/00000.tar::000000003.jpg",
+            "description": GOOD.format("a cube"),
+        },
+    ]
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in records))
     report = pack_corpus(manifest, tmp_path / "shards", shard_size=10, progress=False)

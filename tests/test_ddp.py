@@ -37,10 +37,19 @@ def _corpus(root: Path) -> Path:
         render_scene(pair.before, 64).save(root / "images" / f"{i}_1.png")
         render_scene(pair.after, 64).save(root / "images" / f"{i}_2.png")
         c1, c2 = COLORS[i], COLORS[(3 * i + 1) % len(COLORS)]
-        text = (f"The difference between the two images is that the first image shows a {c1} cube, while the second "
-                f"image shows a {c2} cube.")  # fmt: skip
-        lines.append({"id": f"p{i}", "source": "test", "image1": f"images/{i}_1.png", "image2": f"images/{i}_2.png",
-                      "description": text})  # fmt: skip
+        text = (
+            f"The difference between the two images is that the first image shows a {c1} cube, while the second "
+            f"image shows a {c2} cube."
+        )
+        lines.append(
+            {
+                "id": f"p{i}",
+                "source": "test",
+                "image1": f"images/{i}_1.png",
+                "image2": f"images/{i}_2.png",
+                "description": text,
+            }
+        )
     manifest = root / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return manifest
@@ -68,20 +77,40 @@ class Recorder(pl.Callback):
 
 def _module(dm: CorpusDataModule) -> PretrainModule:
     pl.seed_everything(0)  # the same initial weights in every run
-    return PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, masking="random", p_img=0.0, p_txt=0.0,
-                          overrides={"dim": 32, "heads": 2, "dropout": 0.0})  # fmt: skip
+    return PretrainModule(
+        "namc_tiny",
+        tokenizer=dm.caption_tokenizer,
+        masking="random",
+        p_img=0.0,
+        p_txt=0.0,
+        overrides={"dim": 32, "heads": 2, "dropout": 0.0},
+    )
 
 
 def _fit(manifest: Path, out: Path, devices: int) -> None:
     out.mkdir()
-    dm = CorpusDataModule(str(manifest), batch_size=GLOBAL_BATCH // devices, num_workers=0, image_size=64,
-                          max_text_len=48, max_caption_len=64, shuffle_buffer=0)  # fmt: skip
+    dm = CorpusDataModule(
+        str(manifest),
+        batch_size=GLOBAL_BATCH // devices,
+        num_workers=0,
+        image_size=64,
+        max_text_len=48,
+        max_caption_len=64,
+        shuffle_buffer=0,
+    )
     module = _module(dm)  # no masks and no dropout: nothing random in the step
     trainer = pl.Trainer(
-        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto", max_steps=1,
-        limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[Recorder(str(out))],
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp_spawn" if devices > 1 else "auto",
+        max_steps=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Recorder(str(out))],
+    )
     trainer.fit(module, datamodule=dm)
 
 
@@ -114,8 +143,15 @@ def test_ddp_gathers_negatives_and_matches_a_single_process(tmp_path: Path) -> N
 
 
 def _local_nim_loss(manifest: Path, ids: list[str]) -> float:
-    dm = CorpusDataModule(str(manifest), batch_size=GLOBAL_BATCH, num_workers=0, image_size=64, max_text_len=48,
-                          max_caption_len=64, shuffle_buffer=0)  # fmt: skip
+    dm = CorpusDataModule(
+        str(manifest),
+        batch_size=GLOBAL_BATCH,
+        num_workers=0,
+        image_size=64,
+        max_text_len=48,
+        max_caption_len=64,
+        shuffle_buffer=0,
+    )
     module = _module(dm)
     batch = next(iter(dm.train_dataloader()))
     keep = [i for i, k in enumerate(batch["ids"]) if k in ids]
@@ -160,14 +196,27 @@ def test_ddp_validation_metrics_equal_a_single_process(tmp_path: Path) -> None:
 
     def validate(devices: int) -> dict[str, float]:
         # 3 validation pairs over 2 ranks: the DistributedSampler repeats one, which scoring must count once
-        dm = BenchmarkDataModule("clevr_change", str(tmp_path / "bench"), batch_size=2, num_workers=0, image_size=32,
-                                 include_distractors=False)  # fmt: skip
+        dm = BenchmarkDataModule(
+            "clevr_change",
+            str(tmp_path / "bench"),
+            batch_size=2,
+            num_workers=0,
+            image_size=32,
+            include_distractors=False,
+        )
         pl.seed_everything(0)
-        module = FinetuneModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"image_size": 32, "dim": 32,
-                                "heads": 2})  # fmt: skip
-        trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto",
-                             logger=False, enable_progress_bar=False, enable_model_summary=False,
-                             default_root_dir=str(tmp_path))  # fmt: skip
+        module = FinetuneModule(
+            "namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"image_size": 32, "dim": 32, "heads": 2}
+        )
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=devices,
+            strategy="ddp_spawn" if devices > 1 else "auto",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+        )
         return trainer.validate(module, datamodule=dm, verbose=False)[0]
 
     single, ddp = validate(1), validate(2)

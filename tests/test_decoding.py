@@ -184,8 +184,9 @@ def test_attend_one_matches_scaled_dot_product_attention(dtype):
     [(torch.float32, 196, False), (torch.bfloat16, 196, True), (torch.bfloat16, 6, False), (torch.bfloat16, 600, True)],
 )
 @pytest.mark.parametrize("amx", [False, True])
-def test_attend_step_takes_the_batched_products_for_large_low_precision_attention(dtype, keys, batched, amx,
-                                                                                  monkeypatch):  # fmt: skip
+def test_attend_step_takes_the_batched_products_for_large_low_precision_attention(
+    dtype, keys, batched, amx, monkeypatch
+):
     """A decoding step's attention: bf16 from ONE_QUERY_FUSED_FLOPS up runs attend_one (the same values to the bit),
     smaller ones and fp32 PyTorch's fused kernel (the same to the bit too), and so does every size on a CPU with AMX,
     where the fused kernel runs its bf16 products on the tiles; either way SDPA's maths. The CPU's AMX is set here
@@ -349,8 +350,12 @@ def test_compiled_step_equals_eager(one_thread, freeze):
         # a frozen graph's constants (FDG's parameters, and copies of the matrices laid out) live in inductor's
         # module, which inductor keeps for the rest of the process unless the step lets it go when they change
         modules = fdg.__dict__["_compiled_step"]._modules
-        copies = [weakref.ref(v) for m in modules for v in vars(m).values()
-                  if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]  # fmt: skip
+        copies = [
+            weakref.ref(v)
+            for m in modules
+            for v in vars(m).values()
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
+        ]
         assert bool(copies) == freeze
         with torch.no_grad():
             fdg.blocks[0].ffn[3].weight.copy_(new_weight)

@@ -47,9 +47,12 @@ def test_demo_fast_end_to_end(tmp_path: Path, capsys) -> None:
 def _check_progress(err: str, out: str) -> None:
     """By default the demo says on stderr how long it takes, then where it is: stages, data bars, epochs, tests."""
     first = err.lstrip().splitlines()[0]
-    assert re.fullmatch(r"namc demo: 5 stages, about \d+ s of wall time on a 2-core CPU \(data \d+ s, pre-training "
-                        r"\d+ s, fine-tuning \d+ s, baseline \d+ s, evaluation \d+ s\); this machine has \d+ CPU "
-                        r"cores", first), first  # fmt: skip
+    assert re.fullmatch(
+        r"namc demo: 5 stages, about \d+ s of wall time on a 2-core CPU \(data \d+ s, pre-training "
+        r"\d+ s, fine-tuning \d+ s, baseline \d+ s, evaluation \d+ s\); this machine has \d+ CPU "
+        r"cores",
+        first,
+    ), first
     for stage in range(1, 6):
         assert re.search(rf"^\[{stage}/5\] .*\(.*about \d+ s on 2 cores\)$", err, re.M), f"stage {stage}"
     for title in ("data", "pre-training", "fine-tuning", "baseline", "evaluation"):
@@ -67,8 +70,9 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize(("flags", "progress", "bars"), [((), True, False), (("--quiet",), False, False),
-                                                         (("--verbose",), True, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "progress", "bars"), [((), True, False), (("--quiet",), False, False), (("--verbose",), True, True)]
+)
 def test_demo_flags_choose_the_progress(
     flags: tuple[str, ...], progress: bool, bars: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,9 +33,17 @@ def _study(tmp_path: Path, **extra) -> Path:
         "recipe": {"finetune": str(ROOT / "configs/demo/finetune.yaml")},
         "data": {"shapes": {"corpus_pairs": 200, "corpus_val_pairs": 20, "benchmark_pairs": 200, "image_size": 64}},
         "scale": {"finetune": {"trainer.max_epochs": 20}},
-        "fast": {"shapes": {"corpus_pairs": 8, "corpus_val_pairs": 4, "benchmark_pairs": 16},
-                 "scale": {"finetune": {"trainer.max_epochs": 1, "trainer.check_val_every_n_epoch": 1,
-                                        "trainer.limit_train_batches": 2, "data.init_args.batch_size": 8}}},
+        "fast": {
+            "shapes": {"corpus_pairs": 8, "corpus_val_pairs": 4, "benchmark_pairs": 16},
+            "scale": {
+                "finetune": {
+                    "trainer.max_epochs": 1,
+                    "trainer.check_val_every_n_epoch": 1,
+                    "trainer.limit_train_batches": 2,
+                    "data.init_args.batch_size": 8,
+                }
+            },
+        },
         "seeds": [0, 1],
         "reference": "a",
         "variants": {
@@ -44,7 +52,7 @@ def _study(tmp_path: Path, **extra) -> Path:
         },
         "metrics": ["test/CIDEr-D", "test/BLEU-4"],
         **extra,
-    }  # fmt: skip
+    }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -95,10 +103,17 @@ def _fake_rows(study_path: Path) -> list[dict]:
     r = runner_mod._Runner(study, out, runner_mod.prepare_data(study, out, progress=False))
     values = {("a", 0): 10.0, ("a", 1): 14.0, ("b", 0): 13.0, ("b", 1): 19.0}
     return [
-        {"variant": v.name, "seed": s, "config_hash": r.plan(v, s)["hash"], "wall_s": 1.0,
-         "metrics": {"test/CIDEr-D": values[(v.name, s)], "test/BLEU-4": 1.0}, "stages": {}}
-        for v in study.variants for s in study.seeds
-    ]  # fmt: skip
+        {
+            "variant": v.name,
+            "seed": s,
+            "config_hash": r.plan(v, s)["hash"],
+            "wall_s": 1.0,
+            "metrics": {"test/CIDEr-D": values[(v.name, s)], "test/BLEU-4": 1.0},
+            "stages": {},
+        }
+        for v in study.variants
+        for s in study.seeds
+    ]
 
 
 def test_rerun_skips_finished_runs_and_report_from_results_alone(tmp_path, monkeypatch):
@@ -123,8 +138,14 @@ def test_rerun_skips_finished_runs_and_report_from_results_alone(tmp_path, monke
     assert f"+4.00 [{4 - T_975_DF1:.2f}, {4 + T_975_DF1:.2f}], p={p:.3f}" in text
     # a changed config reruns only that variant's runs
     calls = []
-    monkeypatch.setattr(runner_mod._Runner, "run", lambda self, v, s, plan: calls.append((v.name, s)) or {
-        "variant": v.name, "seed": s, "config_hash": plan["hash"], "wall_s": 0.0, "metrics": {}})  # fmt: skip
+    monkeypatch.setattr(
+        runner_mod._Runner,
+        "run",
+        lambda self, v, s, plan: (
+            calls.append((v.name, s))
+            or {"variant": v.name, "seed": s, "config_hash": plan["hash"], "wall_s": 0.0, "metrics": {}}
+        ),
+    )
     spec = yaml.safe_load(path.read_text())
     spec["variants"]["b"]["finetune"]["model.init_args.lr"] = 0.004
     path.write_text(yaml.safe_dump(spec))

@@ -56,10 +56,15 @@ class MeanOfLayers(nn.Module):
 def _pair_batch(model: namc.NAMC, n: int = 4) -> dict:
     g = torch.Generator().manual_seed(0)
     items = [
-        {"id": str(i), "image1": torch.rand(3, 64, 64, generator=g), "image2": torch.rand(3, 64, 64, generator=g),
-         "captions": ["the red cube has moved"], "change_type": None}
+        {
+            "id": str(i),
+            "image1": torch.rand(3, 64, 64, generator=g),
+            "image2": torch.rand(3, 64, 64, generator=g),
+            "captions": ["the red cube has moved"],
+            "change_type": None,
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return CaptionCollator(model.tokenizer, model.config.max_caption_len)(items)
 
 
@@ -105,8 +110,9 @@ def test_a_multi_scale_fusion_gets_every_layer() -> None:
     batch = _pair_batch(model, 2)
     finetune_step(model, batch)["loss"].backward()
     assert model.mir.fuse.seen == [3]
-    _, weights = model.mir.interact(model.mir.embed(model.grid(batch["image1"])),
-                                    model.mir.embed(model.grid(batch["image2"])), return_weights=True)  # fmt: skip
+    _, weights = model.mir.interact(
+        model.mir.embed(model.grid(batch["image1"])), model.mir.embed(model.grid(batch["image2"])), return_weights=True
+    )
     assert len(weights) == 3 and weights[0]["cross"].shape[-1] == model.grid_size**2
 
 

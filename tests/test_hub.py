@@ -150,10 +150,22 @@ def test_describe_cli_with_a_hub_id_end_to_end(tmp_path: Path, saved: dict[str, 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(HF_HOME=str(home), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-m", "namc", "describe", str(tmp_path / "a.png"), str(tmp_path / "b.png"),
-         "--model", "hf-hub:org/tiny"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "namc",
+            "describe",
+            str(tmp_path / "a.png"),
+            str(tmp_path / "b.png"),
+            "--model",
+            "hf-hub:org/tiny",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     expected = describe(saved["main"], tmp_path / "a.png", tmp_path / "b.png")
     assert done.stdout.strip() == expected
@@ -194,7 +206,8 @@ def test_push_to_hub_without_a_token_says_how_to_log_in(tmp_path: Path, saved: d
         "try:\n    push_to_hub(sys.argv[1], 'org/tiny')\n"
         "except HubError as err:\n    print(err)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(saved["main"])], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(saved["main"])], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "push_to_hub org/tiny: no Hugging Face token; set HF_TOKEN or run `hf auth login`"

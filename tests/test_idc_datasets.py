@@ -264,8 +264,15 @@ def test_image_cache_reads_each_file_once_and_never_caches_failures(tmp_path: Pa
 
 
 def test_registry_holds_each_loader_with_its_download_hint(tmp_path: Path) -> None:
-    assert list_datasets() == ["clevr_change", "clevr_dc", "ier", "omnidiff", "omnidiff_real", "omnidiff_render",
-                               "spot_the_diff"]  # fmt: skip
+    assert list_datasets() == [
+        "clevr_change",
+        "clevr_dc",
+        "ier",
+        "omnidiff",
+        "omnidiff_real",
+        "omnidiff_render",
+        "spot_the_diff",
+    ]
     assert BENCHMARKS["ier"] is ImageEditingRequest and BENCHMARKS["clevr_dc"] is ClevrDC
     for name in list_datasets():
         cls = BENCHMARKS[name]

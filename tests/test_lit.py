@@ -44,9 +44,17 @@ def shapes(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _corpus_dm(shapes: dict, **kw) -> CorpusDataModule:
-    args = dict(train=shapes["corpus"], val=shapes["corpus"], batch_size=8, num_workers=0, image_size=64,
-                max_text_len=48, max_caption_len=64, shuffle_buffer=8,
-                vocab_benchmarks={"clevr_change": shapes["bench"]})  # fmt: skip
+    args = dict(
+        train=shapes["corpus"],
+        val=shapes["corpus"],
+        batch_size=8,
+        num_workers=0,
+        image_size=64,
+        max_text_len=48,
+        max_caption_len=64,
+        shuffle_buffer=8,
+        vocab_benchmarks={"clevr_change": shapes["bench"]},
+    )
     return CorpusDataModule(**{**args, **kw})
 
 
@@ -60,8 +68,14 @@ def _trainer_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def _trainer(**kw) -> pl.Trainer:
     # a fresh root, so nothing (captions, checkpoints) is written into the working directory or left in /tmp
-    args = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                default_root_dir=tempfile.mkdtemp(dir=_ROOTS[0]))  # fmt: skip
+    args = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tempfile.mkdtemp(dir=_ROOTS[0]),
+    )
     return pl.Trainer(**{**args, **kw})
 
 
@@ -142,8 +156,16 @@ def pretrained_ckpt(shapes: dict, tmp_path_factory: pytest.TempPathFactory) -> d
 
 def test_pretrain_fast_dev_run_logs_every_loss(pretrained_ckpt: dict) -> None:
     m = pretrained_ckpt["metrics"]
-    for key in ("train/loss", "train/nim", "train/mir", "train/fdg", "train/img_mask_frac", "train/txt_mask_frac",
-                "val/loss", "val/noise_auroc"):  # fmt: skip
+    for key in (
+        "train/loss",
+        "train/nim",
+        "train/mir",
+        "train/fdg",
+        "train/img_mask_frac",
+        "train/txt_mask_frac",
+        "val/loss",
+        "val/noise_auroc",
+    ):
         assert key in m and math.isfinite(m[key]), key
     assert m["train/loss"] == pytest.approx(m["train/nim"] + m["train/mir"] + m["train/fdg"], rel=1e-5)
     assert 0.0 < m["train/img_mask_frac"] < 1.0
@@ -152,9 +174,19 @@ def test_pretrain_fast_dev_run_logs_every_loss(pretrained_ckpt: dict) -> None:
 
 def test_pretrain_switches_reach_the_model_config(shapes: dict) -> None:
     dm = _corpus_dm(shapes)
-    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, use_nim=False, masking="random", p_img=0.3,
-                            p_txt=0.1, nim_loss="infonce", rec_loss="l2", denoised_image=False, denoised_text=False,
-                            overrides=TINY)  # fmt: skip
+    module = PretrainModule(
+        "namc_tiny",
+        tokenizer=dm.caption_tokenizer,
+        use_nim=False,
+        masking="random",
+        p_img=0.3,
+        p_txt=0.1,
+        nim_loss="infonce",
+        rec_loss="l2",
+        denoised_image=False,
+        denoised_text=False,
+        overrides=TINY,
+    )
     c = module.model.config
     assert (c.use_nim, c.masking, c.p_img, c.p_txt, c.nim_loss, c.rec_loss) == (
         False,
@@ -232,8 +264,15 @@ def test_noise_auroc_and_relevance_figure(pretrained_ckpt: dict, tmp_path) -> No
 
 def test_finetune_from_pretraining_checkpoint_fast_dev_run(shapes: dict, pretrained_ckpt: dict) -> None:
     path = pretrained_ckpt["path"]
-    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
-                             tokenizer=str(path), max_caption_len=64)  # fmt: skip
+    dm = BenchmarkDataModule(
+        "clevr_change",
+        shapes["bench"],
+        batch_size=8,
+        num_workers=0,
+        image_size=64,
+        tokenizer=str(path),
+        max_caption_len=64,
+    )
     module = FinetuneModule(pretrained=str(path), tokenizer=dm.caption_tokenizer, cache_grids=True)
     assert module.model.nim is None and module.model.vqgan is None  # NIM dropped for fine-tuning
     pre = pretrained_ckpt["module"].model.state_dict()
@@ -253,16 +292,18 @@ def test_finetune_from_pretraining_checkpoint_fast_dev_run(shapes: dict, pretrai
     render_scene([], 64).save(shapes["root"] / "a.png")
     pairs.write_text("# first second\na.png a.png\n")
     assert len(PairListDataset(pairs, 64)) == 1
-    dm = BenchmarkDataModule("clevr_change", shapes["bench"], num_workers=0, image_size=64, tokenizer=str(path),
-                             predict_pairs=str(pairs))  # fmt: skip
+    dm = BenchmarkDataModule(
+        "clevr_change", shapes["bench"], num_workers=0, image_size=64, tokenizer=str(path), predict_pairs=str(pairs)
+    )
     predictions = trainer.predict(module, datamodule=dm)
     assert predictions[0][0]["id"] == "a.png|a.png" and isinstance(predictions[0][0]["caption"], str)
 
 
 def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_ckpt: dict, tmp_path: Path) -> None:
     path = str(pretrained_ckpt["path"])
-    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
-                             tokenizer=path, max_caption_len=64)  # fmt: skip
+    dm = BenchmarkDataModule(
+        "clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64, tokenizer=path, max_caption_len=64
+    )
     with pytest.raises(ValueError, match="precision must be one of"):
         FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, inference_precision="fp16")
     module = FinetuneModule(
@@ -299,8 +340,12 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
     folder = model.save_pretrained(tmp_path / "calibrated")
     saved = precision.int8_calibration(model)
     for pairs in (0, 12):
-        module = FinetuneModule(pretrained=str(folder), tokenizer=dm.caption_tokenizer, inference_precision="int8",
-                                int8_calibration_pairs=pairs)  # fmt: skip
+        module = FinetuneModule(
+            pretrained=str(folder),
+            tokenizer=dm.caption_tokenizer,
+            inference_precision="int8",
+            int8_calibration_pairs=pairs,
+        )
         assert precision.int8_calibration(module.model) == saved  # carried by the folder
         _trainer(fast_dev_run=True).test(module, datamodule=dm, verbose=False)
         own = precision.int8_calibration(module.model)
@@ -309,16 +354,22 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
 
 def test_a_fine_tuned_model_keeps_its_training_shortlist(shapes: dict, pretrained_ckpt: dict, tmp_path) -> None:
     path = str(pretrained_ckpt["path"])
-    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
-                             tokenizer=path, max_caption_len=64)  # fmt: skip
+    dm = BenchmarkDataModule(
+        "clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64, tokenizer=path, max_caption_len=64
+    )
     stale = load_model(path, pretraining=False)
     stale.training_shortlist = stale.shortlist(["a b c"])  # a folder fine-tuned on other data brings its own list
     folder = stale.save_pretrained(tmp_path / "stale")
     module = FinetuneModule(pretrained=str(folder), tokenizer=dm.caption_tokenizer, cache_grids=True)
     assert module.model.training_shortlist is not None
     best = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/cider", mode="max")
-    trainer = _trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0,
-                       callbacks=[best, ExportModel(dirpath=str(tmp_path / "model"))])  # fmt: skip
+    trainer = _trainer(
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        callbacks=[best, ExportModel(dirpath=str(tmp_path / "model"))],
+    )
     trainer.fit(module, datamodule=dm)
     want = module.model.shortlist(dm.vocabulary_texts()).ids.tolist()  # this data's training captions
     assert module.model.training_shortlist.ids.tolist() == want and len(want) > 10
@@ -347,8 +398,9 @@ def test_a_fine_tuned_model_keeps_its_training_shortlist(shapes: dict, pretraine
 
 def test_finetune_can_train_the_grid_encoder(shapes: dict, pretrained_ckpt: dict) -> None:
     path = str(pretrained_ckpt["path"])
-    dm = BenchmarkDataModule("clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64,
-                             tokenizer=path, max_caption_len=64)  # fmt: skip
+    dm = BenchmarkDataModule(
+        "clevr_change", shapes["bench"], batch_size=8, num_workers=0, image_size=64, tokenizer=path, max_caption_len=64
+    )
     module = FinetuneModule(pretrained=path, tokenizer=dm.caption_tokenizer, grid_trainable=True)
     assert module.model.config.grid_trainable and not module.model.grid.frozen
     before = {k: v.clone() for k, v in module.model.grid.state_dict().items()}
@@ -414,8 +466,13 @@ class _StopAfterFirstEpoch(pl.Callback):
 def _pretrain_run(shapes: dict, ckpt_dir, stop: bool, ckpt_path=None) -> PretrainModule:
     pl.seed_everything(0)
     dm = _corpus_dm(shapes, val=None, batch_size=4)
-    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={**TINY, "dropout": 0.1},
-                            cache_codes=True, warmup_steps=1)  # fmt: skip
+    module = PretrainModule(
+        "namc_tiny",
+        tokenizer=dm.caption_tokenizer,
+        overrides={**TINY, "dropout": 0.1},
+        cache_codes=True,
+        warmup_steps=1,
+    )
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, save_last=True), ExportModel(dirpath=str(ckpt_dir / "model"))]
     if stop:
         callbacks.append(_StopAfterFirstEpoch())
@@ -451,8 +508,9 @@ def test_pretrain_caches_give_the_uncached_step(shapes: dict) -> None:
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     torch.manual_seed(0)
-    module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides=TINY, cache_codes=True,
-                            cache_grids=True)  # fmt: skip
+    module = PretrainModule(
+        "namc_tiny", tokenizer=dm.caption_tokenizer, overrides=TINY, cache_codes=True, cache_grids=True
+    )
     model = module.model.eval()
     cached = module._with_cache(batch)
     assert len(module._grids) == len(module._codes) == 2 * len(batch["ids"])
@@ -469,8 +527,9 @@ def test_pretrain_caches_give_the_uncached_step(shapes: dict) -> None:
     for key in ("nim", "mir", "fdg"):
         assert float(with_cache[key]) == pytest.approx(float(without[key]), rel=1e-5), key
     with pytest.raises(ValueError, match="cache_grids"):
-        PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides={**TINY, "grid_trainable": True},
-                       cache_grids=True)  # fmt: skip
+        PretrainModule(
+            "namc_tiny", tokenizer=dm.caption_tokenizer, overrides={**TINY, "grid_trainable": True}, cache_grids=True
+        )
 
 
 def test_every_shipped_config_keeps_last_ckpt_current(tmp_path) -> None:

@@ -95,11 +95,19 @@ def test_mdp_pretraining_step_runs_with_masked_mir() -> None:
     torch.manual_seed(0)
     model = namc.create_model("namc_tiny", fusion="mdp", dim=32, heads=2)
     items = [
-        {"id": str(i), "image1": torch.rand(3, 64, 64), "image2": torch.rand(3, 64, 64), "verb1": "shows",
-         "desc1": "a small red metal cube", "verb2": "shows", "desc2": "a large blue rubber sphere",
-         "noise1": [0] * 5, "noise2": [0] * 5}
+        {
+            "id": str(i),
+            "image1": torch.rand(3, 64, 64),
+            "image2": torch.rand(3, 64, 64),
+            "verb1": "shows",
+            "desc1": "a small red metal cube",
+            "verb2": "shows",
+            "desc2": "a large blue rubber sphere",
+            "noise1": [0] * 5,
+            "noise2": [0] * 5,
+        }
         for i in range(2)
-    ]  # fmt: skip
+    ]
     batch = PretrainCollator(model.tokenizer, max_text_len=48, max_caption_len=64)(items)
     out = pretrain_step(model, batch, generator=torch.Generator().manual_seed(0))
     out["loss"].backward()

@@ -37,18 +37,38 @@ def _img(path: Path, value: int) -> None:
 def _omnidiff(root: Path) -> None:
     """Real: 3 train pairs (one image missing), 1 val, 1 test; Render: 2 train pairs, 1 val, 1 test."""
     real = [
-        {"id": "r1", "image1": "scene_a/1_before.jpg", "image2": "scene_a/1_after.jpg", "caption": LONG,
-         "change_types": ["Pose", "addition"]},
-        {"id": "r2", "image1": "scene_a/2_before.jpg", "image2": "scene_a/2_after.jpg",
-         "captions": ["a cup was removed from the table", ""], "change_types": ["OCR (textual changes)", "removal"]},
-        {"id": "r3", "image1": "scene_b/3_before.jpg", "image2": "scene_b/missing.jpg", "caption": "x",
-         "change_types": []},
-    ]  # fmt: skip
+        {
+            "id": "r1",
+            "image1": "scene_a/1_before.jpg",
+            "image2": "scene_a/1_after.jpg",
+            "caption": LONG,
+            "change_types": ["Pose", "addition"],
+        },
+        {
+            "id": "r2",
+            "image1": "scene_a/2_before.jpg",
+            "image2": "scene_a/2_after.jpg",
+            "captions": ["a cup was removed from the table", ""],
+            "change_types": ["OCR (textual changes)", "removal"],
+        },
+        {
+            "id": "r3",
+            "image1": "scene_b/3_before.jpg",
+            "image2": "scene_b/missing.jpg",
+            "caption": "x",
+            "change_types": [],
+        },
+    ]
     render = [
-        {"id": 7, "image1": "r/7a.png", "image2": "r/7b.png", "caption": "the lamp is brighter",
-         "change_type": "illumination"},
+        {
+            "id": 7,
+            "image1": "r/7a.png",
+            "image2": "r/7b.png",
+            "caption": "the lamp is brighter",
+            "change_type": "illumination",
+        },
         {"image1": "r/8a.png", "image2": "r/8b.png", "caption": "the chair turned", "change_types": ["Colour"]},
-    ]  # fmt: skip
+    ]
     for subset, entries in (("Real", real), ("Render", render)):
         for i, e in enumerate(entries):
             for key in ("image1", "image2"):
@@ -144,8 +164,15 @@ def test_change_type_names_are_normalised_and_unknown_ones_kept_and_logged(tmp_p
 
 def test_data_module_batches_carry_every_type_of_a_pair(tmp_path: Path) -> None:
     _omnidiff(tmp_path)
-    dm = BenchmarkDataModule(name="omnidiff", root=str(tmp_path), batch_size=4, num_workers=0, image_size=16,
-                             tokenizer="word", max_caption_len=24)  # fmt: skip
+    dm = BenchmarkDataModule(
+        name="omnidiff",
+        root=str(tmp_path),
+        batch_size=4,
+        num_workers=0,
+        image_size=16,
+        tokenizer="word",
+        max_caption_len=24,
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert sorted(batch["ids"]) == ["real/r1", "real/r2", "render/7", "render/train.json#1"]

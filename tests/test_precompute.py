@@ -44,14 +44,34 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 
 def _args(shards: Path, vq: Path, grid: Path) -> list[str]:
-    return ["--shards", str(shards), "--model", "namc_tiny", "--vqgan-weights", str(vq), "--grids", "--grid-weights",
-            str(grid), "--batch-size", "3", "--num-workers", "0", "--quiet", "--trainer.accelerator", "cpu",
-            "--trainer.devices", "1"]  # fmt: skip
+    return [
+        "--shards",
+        str(shards),
+        "--model",
+        "namc_tiny",
+        "--vqgan-weights",
+        str(vq),
+        "--grids",
+        "--grid-weights",
+        str(grid),
+        "--batch-size",
+        "3",
+        "--num-workers",
+        "0",
+        "--quiet",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "1",
+    ]
 
 
 def _targets(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if ".codes." in p.name or ".grids." in p.name
-            or p.name.endswith(".targets.json")}  # fmt: skip
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(folder.iterdir())
+        if ".codes." in p.name or ".grids." in p.name or p.name.endswith(".targets.json")
+    }
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -138,8 +158,13 @@ def test_precompute_killed_and_resumed_matches_an_uninterrupted_run(
     assert main(_args(reference, corpus[1], corpus[2])) == 0
     killed = _copy(corpus[0], tmp_path / "killed")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "namc", "data", "precompute", *_args(killed, corpus[1], corpus[2])],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "namc", "data", "precompute", *_args(killed, corpus[1], corpus[2])],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     first = targets_path(killed / "shard-000000.tar", "targets.json")
     deadline = time.time() + 120
     while not first.exists() and proc.poll() is None and time.time() < deadline:
@@ -186,14 +211,26 @@ def test_corpus_datamodule_feeds_precomputed_targets_so_the_frozen_encoders_neve
 
     shards = _copy(corpus[0], tmp_path / "shards")
     assert main(_args(shards, corpus[1], corpus[2])) == 0
-    kw = dict(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48, max_caption_len=64,
-              shuffle_buffer=0)  # fmt: skip
+    kw = dict(
+        train=str(shards),
+        batch_size=4,
+        num_workers=0,
+        image_size=64,
+        max_text_len=48,
+        max_caption_len=64,
+        shuffle_buffer=0,
+    )
     dm = CorpusDataModule(**kw)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["codes1"].shape == (4, 64) and batch["grid2"].shape[:2] == (4, 64)
-    overrides = {"dropout": 0.0, "dim": 32, "heads": 2, "vqgan_pretrained": str(corpus[1]),
-                 "grid_pretrained": str(corpus[2])}  # fmt: skip
+    overrides = {
+        "dropout": 0.0,
+        "dim": 32,
+        "heads": 2,
+        "vqgan_pretrained": str(corpus[1]),
+        "grid_pretrained": str(corpus[2]),
+    }
     module = PretrainModule("namc_tiny", tokenizer=dm.caption_tokenizer, overrides=overrides)
 
     def never(*_: object) -> None:
@@ -201,8 +238,15 @@ def test_corpus_datamodule_feeds_precomputed_targets_so_the_frozen_encoders_neve
 
     module.model.vqgan.forward = never
     module.model.grid.forward = never
-    trainer = pl.Trainer(accelerator="cpu", devices=1, fast_dev_run=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path))  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        fast_dev_run=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(module, datamodule=dm)
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
     # the subset options: half the pairs give fewer steps; an unknown source leaves none
@@ -238,11 +282,25 @@ def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path
         ({"vqgan_n_embed": c.vqgan_n_embed // 2}, f"{c.vqgan_n_embed} codes, the model's has"),
     ]
     for overrides, message in cases:
-        dm = CorpusDataModule(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48,
-                              max_caption_len=64, shuffle_buffer=0)  # fmt: skip
+        dm = CorpusDataModule(
+            train=str(shards),
+            batch_size=4,
+            num_workers=0,
+            image_size=64,
+            max_text_len=48,
+            max_caption_len=64,
+            shuffle_buffer=0,
+        )
         module = PretrainModule("namc_tiny", overrides={"dim": 32, "heads": 2, **overrides})
-        trainer = pl.Trainer(accelerator="cpu", devices=1, fast_dev_run=1, logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, default_root_dir=str(tmp_path))  # fmt: skip
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            fast_dev_run=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+        )
         with pytest.raises(ValueError, match=r"shard-000000\.targets\.json: .*" + message) as err:
             trainer.fit(module, datamodule=dm)
         assert "namc data precompute" in str(err.value)
@@ -252,11 +310,25 @@ def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path
         check_targets(shards, c.vqgan_n_embed, None, image_size=64)
     meta.write_text(meta.read_text().replace('"image_size": 48', '"image_size": 64'))
     # a random VQGAN of the same size and the same ResNet weights: the targets are used
-    dm = CorpusDataModule(train=str(shards), batch_size=4, num_workers=0, image_size=64, max_text_len=48,
-                          max_caption_len=64, shuffle_buffer=0)  # fmt: skip
+    dm = CorpusDataModule(
+        train=str(shards),
+        batch_size=4,
+        num_workers=0,
+        image_size=64,
+        max_text_len=48,
+        max_caption_len=64,
+        shuffle_buffer=0,
+    )
     module = PretrainModule("namc_tiny", overrides={"dim": 32, "heads": 2, "grid_pretrained": str(corpus[2])})
-    pl.Trainer(accelerator="cpu", devices=1, fast_dev_run=1, logger=False, enable_progress_bar=False,
-               enable_model_summary=False, default_root_dir=str(tmp_path)).fit(module, datamodule=dm)  # fmt: skip
+    pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        fast_dev_run=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    ).fit(module, datamodule=dm)
 
 
 def test_repacking_a_shard_drops_its_targets_even_at_the_same_size(tmp_path: Path) -> None:
@@ -265,14 +337,18 @@ def test_repacking_a_shard_drops_its_targets_even_at_the_same_size(tmp_path: Pat
     size are ignored by their digest."""
     from PIL import Image
 
-    desc = ("The difference between the two images is that the first image shows a red cube, while the second image "
-            "shows a blue cube.")  # fmt: skip
+    desc = (
+        "The difference between the two images is that the first image shows a red cube, while the second image "
+        "shows a blue cube."
+    )
     Image.new("RGB", (8, 8), "red").save(tmp_path / "red.png")
     Image.new("RGB", (8, 8), "blue").save(tmp_path / "blue.png")
 
     def pack(first: str, second: str) -> Path:
-        rows = [{"id": "p0", "source": "s", "image1": first, "image2": second, "description": desc},
-                {"id": "p1", "source": "s", "image1": second, "image2": first, "description": desc}]  # fmt: skip
+        rows = [
+            {"id": "p0", "source": "s", "image1": first, "image2": second, "description": desc},
+            {"id": "p1", "source": "s", "image1": second, "image2": first, "description": desc},
+        ]
         (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         pack_corpus(tmp_path / "m.jsonl", tmp_path / "shards", progress=False)
         return tmp_path / "shards" / "shard-000000.tar"

@@ -204,12 +204,29 @@ def world(tmp_path_factory) -> dict:
 
 def _cli_args(world: dict, negatives: str) -> list[str]:
     return [
-        "--config", str(CONFIG), "--model.init_args.pretrained", str(world["model"]),
-        "--model.init_args.negatives", negatives, "--model.init_args.num_candidates", "8",
-        "--model.init_args.cache_grids", "false", "--data.init_args.root", str(world["bench"]),
-        "--data.init_args.batch_size", "4", "--data.init_args.eval_batch_size", "4", "--trainer.max_steps", "3",
-        "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
-    ]  # fmt: skip
+        "--config",
+        str(CONFIG),
+        "--model.init_args.pretrained",
+        str(world["model"]),
+        "--model.init_args.negatives",
+        negatives,
+        "--model.init_args.num_candidates",
+        "8",
+        "--model.init_args.cache_grids",
+        "false",
+        "--data.init_args.root",
+        str(world["bench"]),
+        "--data.init_args.batch_size",
+        "4",
+        "--data.init_args.eval_batch_size",
+        "4",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
 
 
 @pytest.mark.parametrize("negatives", ["pool", "retriever"])
@@ -262,13 +279,29 @@ def test_preference_trains_under_ddp(world: dict, tmp_path) -> None:
     from namc.lit import PreferenceModule
     from namc.lit.datamodules import BenchmarkDataModule
 
-    dm = BenchmarkDataModule("clevr_change", str(world["bench"]), batch_size=2, num_workers=0, image_size=32,
-                             tokenizer=str(world["model"]), max_caption_len=64)  # fmt: skip
+    dm = BenchmarkDataModule(
+        "clevr_change",
+        str(world["bench"]),
+        batch_size=2,
+        num_workers=0,
+        image_size=32,
+        tokenizer=str(world["model"]),
+        max_caption_len=64,
+    )
     module = PreferenceModule(str(world["model"]), tokenizer=dm.caption_tokenizer, num_candidates=8, seed=0)
     start = {k: v.clone() for k, v in module.retriever.state_dict().items()}
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=2, limit_val_batches=0,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path))  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(module, datamodule=dm)  # ddp_spawn copies rank 0's weights back into this process's module
     assert any(not torch.equal(module.retriever.state_dict()[k], v) for k, v in start.items())
     ref = load_model(world["model"]).state_dict()

@@ -78,9 +78,16 @@ def _train(callbacks: list[pl.Callback]) -> _Toy:
     torch.manual_seed(0)
     model = _Toy()
     trainer = pl.Trainer(
-        max_epochs=3, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, check_val_every_n_epoch=2, num_sanity_val_steps=0, callbacks=callbacks,
-    )  # fmt: skip
+        max_epochs=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        check_val_every_n_epoch=2,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+    )
     trainer.fit(model, DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=16))
     return model
 

@@ -69,10 +69,14 @@ def test_quant_conv_is_a_float_convolution_of_its_codes(shape, ceiling):
         cases = [
             (qconv.QuantConv(fused, in_scale, None), (), torch.relu(raw), 1e-4),
             (qconv.QuantConv(fused, in_scale, out_scale, out_max=ceiling), (), torch.relu(raw), out_scale),
-            (qconv.QuantConv(fused, in_scale, out_scale, out_max=ceiling), (q_short.clone(), in_scale),
-             torch.relu(raw + q_short.float() * in_scale), out_scale),
+            (
+                qconv.QuantConv(fused, in_scale, out_scale, out_max=ceiling),
+                (q_short.clone(), in_scale),
+                torch.relu(raw + q_short.float() * in_scale),
+                out_scale,
+            ),
             (qconv.QuantConv(fused, in_scale, None), (shortcut.clone(),), torch.relu(raw + shortcut), 1e-4),
-        ]  # fmt: skip
+        ]
         for module, extra, expected, tol in cases:
             out = module(qx, *extra)
             got = out.float() * out_scale if out.dtype == torch.uint8 else out

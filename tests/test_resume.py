@@ -109,41 +109,82 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def pretrain_config(data: dict[str, Path], workers: int = 2) -> dict[str, Any]:
     """namc_tiny (dim 32, dropout on) on the shards; 2 workers per rank, shuffle buffer, image swapping."""
     return {
-        "model": {"class_path": "namc.lit.PretrainModule", "init_args": {
-            "model": "namc_tiny", "overrides": {"dim": 32, "heads": 2, "dropout": 0.1}, "warmup_steps": 1}},
-        "data": {"class_path": "namc.lit.datamodules.CorpusDataModule", "init_args": {
-            "train": str(data["shards"]), "batch_size": 3, "num_workers": workers, "shuffle_buffer": 4,
-            "swap_prob": 0.5}},
-    }  # fmt: skip
+        "model": {
+            "class_path": "namc.lit.PretrainModule",
+            "init_args": {
+                "model": "namc_tiny",
+                "overrides": {"dim": 32, "heads": 2, "dropout": 0.1},
+                "warmup_steps": 1,
+            },
+        },
+        "data": {
+            "class_path": "namc.lit.datamodules.CorpusDataModule",
+            "init_args": {
+                "train": str(data["shards"]),
+                "batch_size": 3,
+                "num_workers": workers,
+                "shuffle_buffer": 4,
+                "swap_prob": 0.5,
+            },
+        },
+    }
 
 
 def finetune_config(data: dict[str, Path], workers: int = 2) -> dict[str, Any]:
     """namc_tiny from scratch (32 px, dropout on) on the benchmark; 2 workers per rank, no validation."""
     return {
-        "model": {"class_path": "namc.lit.FinetuneModule", "init_args": {
-            "model": "namc_tiny", "overrides": {"dim": 32, "heads": 2, "dropout": 0.1, "image_size": 32},
-            "warmup_steps": 1}},
-        "data": {"class_path": "namc.lit.datamodules.BenchmarkDataModule", "init_args": {
-            "name": "clevr_change", "root": str(data["bench"]), "batch_size": 3, "num_workers": workers,
-            "include_distractors": False}},
-    }  # fmt: skip
+        "model": {
+            "class_path": "namc.lit.FinetuneModule",
+            "init_args": {
+                "model": "namc_tiny",
+                "overrides": {"dim": 32, "heads": 2, "dropout": 0.1, "image_size": 32},
+                "warmup_steps": 1,
+            },
+        },
+        "data": {
+            "class_path": "namc.lit.datamodules.BenchmarkDataModule",
+            "init_args": {
+                "name": "clevr_change",
+                "root": str(data["bench"]),
+                "batch_size": 3,
+                "num_workers": workers,
+                "include_distractors": False,
+            },
+        },
+    }
 
 
-def write_config(run_dir: Path, stage: dict[str, Any], devices: int = 1, max_epochs: int = 2,
-                 atomic: bool = True) -> Path:  # fmt: skip
+def write_config(
+    run_dir: Path, stage: dict[str, Any], devices: int = 1, max_epochs: int = 2, atomic: bool = True
+) -> Path:
     """A ``namc fit`` config: checkpoint after every step (``last.ckpt``), the test callbacks, CPU, no logger."""
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer: dict[str, Any] = {
-        "accelerator": "cpu", "devices": devices, "strategy": "ddp" if devices > 1 else "auto",
-        "max_epochs": max_epochs, "logger": False, "enable_progress_bar": False, "enable_model_summary": False,
-        "num_sanity_val_steps": 0, "limit_val_batches": 0, "default_root_dir": str(run_dir),
+        "accelerator": "cpu",
+        "devices": devices,
+        "strategy": "ddp" if devices > 1 else "auto",
+        "max_epochs": max_epochs,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 0,
+        "default_root_dir": str(run_dir),
         "callbacks": [
-            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {
-                "dirpath": str(run_dir / "ckpt"), "every_n_train_steps": 1, "save_top_k": 0, "save_last": True}},
-            {"class_path": "test_resume.KillAt"}, {"class_path": "test_resume.FailAt"},
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {
+                    "dirpath": str(run_dir / "ckpt"),
+                    "every_n_train_steps": 1,
+                    "save_top_k": 0,
+                    "save_last": True,
+                },
+            },
+            {"class_path": "test_resume.KillAt"},
+            {"class_path": "test_resume.FailAt"},
             {"class_path": "test_resume.LimitFileSize"},
         ],
-    }  # fmt: skip
+    }
     if atomic:
         trainer["plugins"] = [{"class_path": "namc.lit.callbacks.AtomicCheckpointIO"}]
     path = run_dir / "config.json"
@@ -171,8 +212,15 @@ def run_fit(
         cmd += ["--ckpt_path", ckpt_path]
     path = os.pathsep.join(p for p in (os.environ.get("NAMC_TEST_PYTHONPATH"), str(TESTS)) if p)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(env or {})}
-    proc = subprocess.Popen(cmd, cwd=config.parent, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=config.parent,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -278,13 +326,22 @@ def assert_bit_identical(resumed: dict[str, Any], full: dict[str, Any]) -> None:
 
 
 def _corpus_dm(data: dict[str, Path], workers: int = 2) -> CorpusDataModule:
-    return CorpusDataModule(str(data["shards"]), batch_size=3, num_workers=workers, image_size=32, max_text_len=48,
-                            max_caption_len=64, shuffle_buffer=4, swap_prob=0.5)  # fmt: skip
+    return CorpusDataModule(
+        str(data["shards"]),
+        batch_size=3,
+        num_workers=workers,
+        image_size=32,
+        max_text_len=48,
+        max_caption_len=64,
+        shuffle_buffer=4,
+        swap_prob=0.5,
+    )
 
 
 def _bench_dm(data: dict[str, Path], workers: int = 2) -> BenchmarkDataModule:
-    return BenchmarkDataModule("clevr_change", str(data["bench"]), batch_size=3, num_workers=workers, image_size=32,
-                               include_distractors=False)  # fmt: skip
+    return BenchmarkDataModule(
+        "clevr_change", str(data["bench"]), batch_size=3, num_workers=workers, image_size=32, include_distractors=False
+    )
 
 
 def _same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
@@ -362,8 +419,12 @@ STAGES = {"pretrain": pretrain_config, "finetune": finetune_config}
 # one process: 12 pre-training / 10 fine-tuning steps per epoch; DDP (2 ranks, 1 worker each): 6 / 5. The kill
 # points fall inside epochs: mid epoch 0, in the first step after the checkpoint of epoch 0's last batch (Lightning's
 # trickiest restart), and mid epoch 1 from a run that was itself resumed twice
-KILLS = {("pretrain", 1): [4, 12, 19], ("finetune", 1): [3, 10, 13], ("pretrain", 2): [2, 6, 9],
-         ("finetune", 2): [2, 5, 7]}  # fmt: skip
+KILLS = {
+    ("pretrain", 1): [4, 12, 19],
+    ("finetune", 1): [3, 10, 13],
+    ("pretrain", 2): [2, 6, 9],
+    ("finetune", 2): [2, 5, 7],
+}
 
 
 @pytest.fixture(scope="module")

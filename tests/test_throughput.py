@@ -160,9 +160,19 @@ def test_run_benchmark_directory_model_and_eos_mode(tmp_path):
     model = namc.create_model("namc_tiny", pretraining=False)
     model.save_pretrained(tmp_path / "tiny")
     settings = tp.BenchmarkSettings(
-        model=str(tmp_path / "tiny"), batch_sizes=(2,), modes=("decode",), length_mode="eos", repeats=1,
-        warmup=0, gemm_size=64, max_new_tokens=6, threads=1, train_batch_size=2, train_steps=1, train_warmup=0,
-    )  # fmt: skip
+        model=str(tmp_path / "tiny"),
+        batch_sizes=(2,),
+        modes=("decode",),
+        length_mode="eos",
+        repeats=1,
+        warmup=0,
+        gemm_size=64,
+        max_new_tokens=6,
+        threads=1,
+        train_batch_size=2,
+        train_steps=1,
+        train_warmup=0,
+    )
     threads = torch.get_num_threads()
     report = tp.run_benchmark(settings)
     assert torch.get_num_threads() == threads  # restored
@@ -178,9 +188,19 @@ def test_a_callers_model_is_not_trained_by_the_training_measurement():
     model = namc.create_model("namc_tiny", pretraining=False).eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     settings = tp.BenchmarkSettings(
-        model="namc_tiny", batch_sizes=(1,), modes=("decode",), repeats=1, warmup=0, gemm_size=64, max_new_tokens=2,
-        threads=1, reference="none", train_batch_size=2, train_steps=1, train_warmup=0,
-    )  # fmt: skip
+        model="namc_tiny",
+        batch_sizes=(1,),
+        modes=("decode",),
+        repeats=1,
+        warmup=0,
+        gemm_size=64,
+        max_new_tokens=2,
+        threads=1,
+        reference="none",
+        train_batch_size=2,
+        train_steps=1,
+        train_warmup=0,
+    )
     assert tp.run_benchmark(settings, model=model)["training"]["kind"] == "finetune"
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
@@ -190,9 +210,16 @@ def test_static_decode_run(length_mode):
     """``--static-decode``: every level decodes through one StaticDecoder per batch size, with the ids of the
     naive decoder (eos mode: rows ending where they do)."""
     settings = tp.BenchmarkSettings(
-        model="namc_tiny", batch_sizes=(1, 3), length_mode=length_mode, repeats=1, warmup=1, gemm_size=64,
-        max_new_tokens=6, threads=1, static_decode=True,
-    )  # fmt: skip
+        model="namc_tiny",
+        batch_sizes=(1, 3),
+        length_mode=length_mode,
+        repeats=1,
+        warmup=1,
+        gemm_size=64,
+        max_new_tokens=6,
+        threads=1,
+        static_decode=True,
+    )
     report = tp.run_benchmark(settings)
     assert tp.validate_report(report) == []
     assert report["settings"]["static_decode"] is True
@@ -369,9 +396,18 @@ def test_int8_grid_of_a_calibrated_model(tmp_path):
     for m, before in ((model, peaks), (plain, None)):
         for grid in ("static", "fp32"):
             settings = tp.BenchmarkSettings(
-                model="namc_tiny", batch_sizes=(1,), modes=("decode",), precision="int8", int8_grid=grid,
-                repeats=1, warmup=0, gemm_size=64, max_new_tokens=3, threads=1, reference="none",
-            )  # fmt: skip
+                model="namc_tiny",
+                batch_sizes=(1,),
+                modes=("decode",),
+                precision="int8",
+                int8_grid=grid,
+                repeats=1,
+                warmup=0,
+                gemm_size=64,
+                max_new_tokens=3,
+                threads=1,
+                reference="none",
+            )
             tp.run_benchmark(settings, model=m)
             assert int8_calibration(m) == before
 

@@ -159,8 +159,12 @@ def test_load_strict_names_unexpected_and_mis_shaped_keys():
     message = str(err.value)
     assert "unexpected 1 key: extra.weight" in message
     assert "3.weight (checkpoint (5, 4), model (2, 4))" in message
-    load_strict(_net(), {k: v for k, v in sd.items() if k != "3.weight"} | {"3.weight": torch.zeros(2, 4)}, what="x",
-                ignore_unexpected=lambda k: k.startswith("extra."))  # fmt: skip
+    load_strict(
+        _net(),
+        {k: v for k, v in sd.items() if k != "3.weight"} | {"3.weight": torch.zeros(2, 4)},
+        what="x",
+        ignore_unexpected=lambda k: k.startswith("extra."),
+    )
 
 
 def test_load_strict_lists_first_keys_and_the_count():

@@ -24,8 +24,9 @@ def load(args: argparse.Namespace) -> tuple[namc.NAMC, BenchmarkDataModule, torc
     """The model (eval mode), the data module and the split's loader (batches of 100), on ``--threads`` threads."""
     torch.set_num_threads(args.threads)
     model = namc.from_pretrained(args.model).eval()
-    dm = BenchmarkDataModule(args.benchmark, args.root, eval_batch_size=100, num_workers=0,
-                             image_size=args.image_size, tokenizer=args.model)  # fmt: skip
+    dm = BenchmarkDataModule(
+        args.benchmark, args.root, eval_batch_size=100, num_workers=0, image_size=args.image_size, tokenizer=args.model
+    )
     dm.setup(args.split)
     loader = dm.test_dataloader() if args.split == "test" else dm.val_dataloader()
     return model, dm, loader

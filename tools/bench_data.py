@@ -89,8 +89,13 @@ def write_manifest(path: Path, n_lines: int) -> None:
     sources = ("ip2p", "cc3m", "std")
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n_lines):
-            line = {"id": f"pair-{i:07d}", "source": sources[i % 3], "image1": f"images/{i:07d}_1.jpg",
-                    "image2": f"images/{i:07d}_2.jpg", **texts[i % 1000]}  # fmt: skip
+            line = {
+                "id": f"pair-{i:07d}",
+                "source": sources[i % 3],
+                "image1": f"images/{i:07d}_1.jpg",
+                "image2": f"images/{i:07d}_2.jpg",
+                **texts[i % 1000],
+            }
             f.write(json.dumps(line) + "\n")
 
 
@@ -121,8 +126,18 @@ def write_pairs(root: Path, n: int, size: int, fmt: str) -> Path:
                 img = render_scene(scene, size)
                 path = root / "images" / f"{i:06d}_{k}.{fmt}"
                 img.save(path, quality=90) if fmt == "jpg" else img.save(path)
-            f.write(json.dumps({"id": f"p{i}", "source": "shapes", "image1": f"images/{i:06d}_1.{fmt}",
-                                "image2": f"images/{i:06d}_2.{fmt}", **rec}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"p{i}",
+                        "source": "shapes",
+                        "image1": f"images/{i:06d}_1.{fmt}",
+                        "image2": f"images/{i:06d}_2.{fmt}",
+                        **rec,
+                    }
+                )
+                + "\n"
+            )
     return manifest
 
 
@@ -192,8 +207,14 @@ def main() -> None:
             render_scene(pair.after, 64, pair.view_after)
             render_scene(pair.before, 64, pair.view_distractor)
         dt = time.perf_counter() - t0
-        rows.append(("shapes: render only, 3 images per pair at 64 px", f"1,000 pairs in {dt:.1f} s",
-                     f"{1000 / dt:,.0f} pairs/s", "-"))  # fmt: skip
+        rows.append(
+            (
+                "shapes: render only, 3 images per pair at 64 px",
+                f"1,000 pairs in {dt:.1f} s",
+                f"{1000 / dt:,.0f} pairs/s",
+                "-",
+            )
+        )
 
     print(f"\ncpu cores: {os.cpu_count()}")
     width = max(len(r[0]) for r in rows)

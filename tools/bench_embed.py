@@ -38,8 +38,10 @@ def bench_encoders(batch: int, batches: int) -> None:
                 f = enc.model(x)
             dt = time.perf_counter() - t0
         n = sum(p.numel() for p in enc.model.parameters())
-        print(f"{name:<16} {n / 1e6:6.1f}M params, dim {f.shape[1]}: {batch * batches / dt:6.2f} images/s "
-              f"(batch {batch}, {batches} batches, {dt:.1f} s; load {_load()})")  # fmt: skip
+        print(
+            f"{name:<16} {n / 1e6:6.1f}M params, dim {f.shape[1]}: {batch * batches / dt:6.2f} images/s "
+            f"(batch {batch}, {batches} batches, {dt:.1f} s; load {_load()})"
+        )
         del enc
 
 
@@ -48,11 +50,17 @@ def _batch(model: torch.nn.Module, batch: int) -> dict:
 
     g = torch.Generator().manual_seed(0)
     items = [
-        {"image1": torch.rand(3, 224, 224, generator=g), "image2": torch.rand(3, 224, 224, generator=g),
-         "verb1": "shows", "desc1": "a red cube left of a small grey sphere on a table", "verb2": "shows",
-         "desc2": "a blue cube left of a small grey sphere on a table", "id": str(i)}
+        {
+            "image1": torch.rand(3, 224, 224, generator=g),
+            "image2": torch.rand(3, 224, 224, generator=g),
+            "verb1": "shows",
+            "desc1": "a red cube left of a small grey sphere on a table",
+            "verb2": "shows",
+            "desc2": "a blue cube left of a small grey sphere on a table",
+            "id": str(i),
+        }
         for i in range(batch)
-    ]  # fmt: skip
+    ]
     return PretrainCollator(model.tokenizer, 77, model.config.max_caption_len)(items)
 
 
@@ -79,8 +87,10 @@ def bench_pretrain(batch: int, steps: int) -> None:
             opt.step()
             times.append(time.perf_counter() - t0)
         dt = sum(times[1:]) / steps
-        print(f"namc_base pre-training, batch {batch}, {label}: {1 / dt:.3f} steps/s ({dt:.1f} s/step over {steps} "
-              f"steps; load {_load()})")  # fmt: skip
+        print(
+            f"namc_base pre-training, batch {batch}, {label}: {1 / dt:.3f} steps/s ({dt:.1f} s/step over {steps} "
+            f"steps; load {_load()})"
+        )
 
 
 def main() -> None:

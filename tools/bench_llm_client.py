@@ -85,8 +85,14 @@ def memory(n_pairs: int, concurrency: int) -> None:
     pairs = work / "pairs.jsonl"
     with open(pairs, "w", encoding="utf-8") as f:
         for i in range(n_pairs):
-            row = {"id": f"p{i:07d}", "source": "cc3m", "image1": "a.png", "image2": "b.png",
-                   "caption1": f"a red square number {i}", "caption2": "a blue square"}  # fmt: skip
+            row = {
+                "id": f"p{i:07d}",
+                "source": "cc3m",
+                "image1": "a.png",
+                "image2": "b.png",
+                "caption1": f"a red square number {i}",
+                "caption2": "a blue square",
+            }
             f.write(json.dumps(row) + "\n")
     proc, url = start_server(0.0)
     me = psutil.Process()
@@ -117,10 +123,14 @@ def memory(n_pairs: int, concurrency: int) -> None:
         mib = 1 / 2**20
         print(f"\nmemory over {n_pairs} pairs (describe path, concurrency {concurrency}, zero latency):")
         rate = summary.ok / summary.seconds
-        print(f"  answered {summary.ok}, failed {sum(summary.failed.values())}, {summary.seconds:.1f} s "
-              f"({rate:.0f} pairs/s), results file {out.stat().st_size * mib:.1f} MiB")  # fmt: skip
-        print(f"  RSS before opening the store {rss0 * mib:.1f} MiB, at start {rss_start * mib:.1f} MiB, "
-              f"at end {rss_end * mib:.1f} MiB, peak {max(peak[0], rss_end) * mib:.1f} MiB")  # fmt: skip
+        print(
+            f"  answered {summary.ok}, failed {sum(summary.failed.values())}, {summary.seconds:.1f} s "
+            f"({rate:.0f} pairs/s), results file {out.stat().st_size * mib:.1f} MiB"
+        )
+        print(
+            f"  RSS before opening the store {rss0 * mib:.1f} MiB, at start {rss_start * mib:.1f} MiB, "
+            f"at end {rss_end * mib:.1f} MiB, peak {max(peak[0], rss_end) * mib:.1f} MiB"
+        )
         marks = [samples[int(f * (len(samples) - 1))] for f in (0.0, 0.25, 0.5, 0.75, 1.0)] if samples else []
         print("  RSS during the run: " + ", ".join(f"{rss * mib:.1f} MiB after {n} pairs" for n, rss in marks))
     finally:

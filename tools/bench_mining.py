@@ -134,8 +134,10 @@ def main() -> None:
     args = p.parse_args()
     import faiss
 
-    print(f"{platform.processor() or platform.machine()}, faiss {faiss.__version__}, GPUs seen by faiss: "
-          f"{faiss.get_num_gpus()}, faiss threads {faiss.omp_get_max_threads()}")  # fmt: skip
+    print(
+        f"{platform.processor() or platform.machine()}, faiss {faiss.__version__}, GPUs seen by faiss: "
+        f"{faiss.get_num_gpus()}, faiss threads {faiss.omp_get_max_threads()}"
+    )
     if args.crossover:
         crossover(args.crossover, args.k, args.group, args.spread)
     for n in args.full:

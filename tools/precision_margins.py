@@ -64,17 +64,23 @@ def main() -> None:
     every = torch.cat(all_margins)
     quant = torch.tensor([0.1, 0.5, 0.9])
     fmt = "  ".join
-    print(f"{n} pairs; fp32 margins over all {every.numel()} steps: quantiles 10/50/90% "
-          f"{fmt(f'{v:.3f}' for v in every.quantile(quant).tolist())}")  # fmt: skip
+    print(
+        f"{n} pairs; fp32 margins over all {every.numel()} steps: quantiles 10/50/90% "
+        f"{fmt(f'{v:.3f}' for v in every.quantile(quant).tolist())}"
+    )
     low_min = torch.cat(smallest)
-    print("fp32 captions whose smallest margin is under " + ", ".join(
-        f"{t}: {100 * float((low_min < t).float().mean()):.1f}%" for t in args.thresholds))  # fmt: skip
+    print(
+        "fp32 captions whose smallest margin is under "
+        + ", ".join(f"{t}: {100 * float((low_min < t).float().mean()):.1f}%" for t in args.thresholds)
+    )
     for q in args.precisions:
         m = torch.cat(parted[q]) if parted[q] else torch.empty(0)
         line = f"{q}: {same[q]} of {n} identical ({100 * same[q] / n:.1f}%)"
         if m.numel():
-            line += (f"; fp32 margin where the {m.numel()} changed captions part: quantiles 10/50/90% "
-                     f"{fmt(f'{v:.3f}' for v in m.quantile(quant).tolist())}, max {m.max():.3f}")  # fmt: skip
+            line += (
+                f"; fp32 margin where the {m.numel()} changed captions part: quantiles 10/50/90% "
+                f"{fmt(f'{v:.3f}' for v in m.quantile(quant).tolist())}, max {m.max():.3f}"
+            )
         print(line)
 
 

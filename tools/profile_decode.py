@@ -53,9 +53,11 @@ def main() -> None:
         memory = model.encode_pair(None, None, grid[: args.batch], grid[args.batch :])
         n_mem = memory.shape[1]
         ms = _median_ms(lambda: fdg.generate(memory, args.tokens), args.repeats)
-        print(f"{args.model} {args.precision} batch {args.batch}, memory {n_mem} x {memory.shape[2]}, "
-              f"{args.threads} thread(s): generate {ms:.1f} ms median of {args.repeats}, "
-              f"{args.batch * args.tokens / ms * 1e3:.1f} tokens/s")  # fmt: skip
+        print(
+            f"{args.model} {args.precision} batch {args.batch}, memory {n_mem} x {memory.shape[2]}, "
+            f"{args.threads} thread(s): generate {ms:.1f} ms median of {args.repeats}, "
+            f"{args.batch * args.tokens / ms * 1e3:.1f} tokens/s"
+        )
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             fdg.generate(memory, args.tokens)
     fdg.eos_id = eos

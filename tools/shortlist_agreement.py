@@ -34,15 +34,17 @@ def main() -> None:
             full = model.generate_ids(batch["image1"], batch["image2"], precision=q)
             restricted = model.generate_ids(batch["image1"], batch["image2"], precision=q, vocabulary=short)
             T = max(full.shape[1], restricted.shape[1])
-            full, restricted = (torch.nn.functional.pad(x, (0, T - x.shape[1]), value=model.fdg.pad_id)
-                                for x in (full, restricted))  # fmt: skip
+            full, restricted = (
+                torch.nn.functional.pad(x, (0, T - x.shape[1]), value=model.fdg.pad_id) for x in (full, restricted)
+            )
             same[q] += int((full == restricted).all(1).sum())
             outside[q] += sum(not set(row) <= listed for row in full.tolist())
         n += batch["image1"].shape[0]
     print(f"{args.model}: {n} {args.split} pairs; shortlist {len(short)} of {short.vocab_size} tokens")
     for q in args.precisions:
-        print(f"  {q}: identical {same[q] / n:.1%}; full-vocabulary captions with a token outside the list "
-              f"{outside[q]}")  # fmt: skip
+        print(
+            f"  {q}: identical {same[q] / n:.1%}; full-vocabulary captions with a token outside the list {outside[q]}"
+        )
 
 
 if __name__ == "__main__":

@@ -145,8 +145,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "minimal-pairs":
         from namc.data.synthetic.minimal_pairs import generate_minimal_pairs
 
-        summary = generate_minimal_pairs(args.out, args.items, args.image_size, args.seed, args.min_objects,
-                                         args.max_objects, progress=not args.quiet)  # fmt: skip
+        summary = generate_minimal_pairs(
+            args.out,
+            args.items,
+            args.image_size,
+            args.seed,
+            args.min_objects,
+            args.max_objects,
+            progress=not args.quiet,
+        )
         print(f"minimal pairs: {json.dumps(summary)}")
         return 0
     if args.command == "pack":

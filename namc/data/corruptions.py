@@ -204,8 +204,9 @@ class CorruptedView(_View):
             return None
         out = dict(item)
         for slot in ("1", "2"):
-            out["image" + slot] = corrupt(item["image" + slot], self.name, self.severity,
-                                          f"{self.seed}-{item['id']}-{slot}")  # fmt: skip
+            out["image" + slot] = corrupt(
+                item["image" + slot], self.name, self.severity, f"{self.seed}-{item['id']}-{slot}"
+            )
         return out
 
 

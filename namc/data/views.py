@@ -70,8 +70,14 @@ class ReferencePicker(Dataset):
 def swap_pair(item: dict[str, Any]) -> dict[str, Any]:
     """The pair with its two images (and everything attached to each) exchanged."""
     out = dict(item)
-    for a, b in (("image1", "image2"), ("verb1", "verb2"), ("desc1", "desc2"), ("noise1", "noise2"),
-                 ("codes1", "codes2"), ("grid1", "grid2")):  # fmt: skip
+    for a, b in (
+        ("image1", "image2"),
+        ("verb1", "verb2"),
+        ("desc1", "desc2"),
+        ("noise1", "noise2"),
+        ("codes1", "codes2"),
+        ("grid1", "grid2"),
+    ):
         out[a], out[b] = item.get(b), item.get(a)
     return out
 
@@ -165,8 +171,11 @@ class EvenStream(IterableDataset):
                 item = swap_pair(item)
             yield {**item, POSITION_KEY: (reader, units, samples)}
         if current > (first_pass or 0):
-            logger.warning("corpus reader %d restarted its share %d time(s) to even out the ranks", reader,
-                           current - (first_pass or 0))  # fmt: skip
+            logger.warning(
+                "corpus reader %d restarted its share %d time(s) to even out the ranks",
+                reader,
+                current - (first_pass or 0),
+            )
 
 
 class EpochSampler(DistributedSampler):
@@ -294,8 +303,11 @@ class ResumableLoader(DataLoader):
             logger.warning(
                 "the checkpoint's data position was saved by another set-up (%s); this run has %d rank(s), %d "
                 "worker(s), batch size %d: the epoch starts again from its first batch",
-                state.get("ranks"), world_size, self.num_workers, self.batch_size,
-            )  # fmt: skip
+                state.get("ranks"),
+                world_size,
+                self.num_workers,
+                self.batch_size,
+            )
             return
         self._pending = mine
 

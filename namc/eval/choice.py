@@ -162,7 +162,7 @@ def score_candidates(model: NAMC, image1: torch.Tensor, image2: torch.Tensor, ca
     counts = [len(c) for c in candidates]
     ids = pad_sequences(
         [encode_caption(tok, t, model.config.max_caption_len) for c in candidates for t in c], tok.pad_id
-    ).to(memory.device)  # fmt: skip  (sum K_b, T)
+    ).to(memory.device)  # (sum K_b, T)
     rows = torch.repeat_interleave(
         torch.arange(len(counts), device=memory.device), torch.tensor(counts, device=memory.device)
     )
@@ -182,9 +182,12 @@ def _credit(scores: Sequence[float], answer: int) -> tuple[float, int]:
 
 
 def evaluate_choices(
-    model: NAMC, items: Sequence[ChoiceItem], batch_size: int = 32, device: str | torch.device = "cpu",
+    model: NAMC,
+    items: Sequence[ChoiceItem],
+    batch_size: int = 32,
+    device: str | torch.device = "cpu",
     progress: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Accuracy of picking the true candidate, overall and per category, with chance levels.
 
     Returns:
@@ -210,8 +213,9 @@ def evaluate_choices(
             im2.append(b)
         if not batch:
             continue
-        scores = score_candidates(model, torch.stack(im1).to(device), torch.stack(im2).to(device),
-                                  [it.candidates for it in batch])  # fmt: skip
+        scores = score_candidates(
+            model, torch.stack(im1).to(device), torch.stack(im2).to(device), [it.candidates for it in batch]
+        )
         for it, s in zip(batch, scores):
             credit, tied = _credit(s, it.answer)
             oov = sum(unk in model.tokenizer.encode(c) for c in it.candidates) if unk is not None else 0
@@ -279,8 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'category':<18} {'n':>5} {'accuracy':>9} {'chance':>7} {'ties':>5}")
     for name, s in [*res["per_category"].items(), ("overall", res["overall"])]:
         print(f"{name:<18} {s['n']:>5} {s['accuracy']:>9.2f} {s['chance']:>7.2f} {s['ties']:>5}")
-    print(f"accuracy in %, by length-normalised log-probability; {res['skipped']} item(s) skipped (unreadable images); "
-          f"{res['overall']['unknown_word_candidates']} candidate(s) with words outside the vocabulary")  # fmt: skip
+    print(
+        f"accuracy in %, by length-normalised log-probability; {res['skipped']} item(s) skipped (unreadable images); "
+        f"{res['overall']['unknown_word_candidates']} candidate(s) with words outside the vocabulary"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))
         print(f"wrote {args.out}")

@@ -76,9 +76,16 @@ def _draw_words(ax: Any, panel: _Panel, renderer: Any, cmap: Any, norm: Any, dpi
     char = 0.6 * 9 * dpi / 72  # width in pixels of one monospace character at 9 pt
     x, y = 0.0, 0.95
     for word, r, is_noise in zip(panel.tokens, panel.relevance, panel.noise):
-        text = ax.text(x, y, word, fontsize=9, family="monospace", transform=ax.transAxes, va="top",
-                       bbox=dict(facecolor=cmap(norm(r)), edgecolor="red" if is_noise else "none", pad=1.5,
-                                 linewidth=1.5))  # fmt: skip
+        text = ax.text(
+            x,
+            y,
+            word,
+            fontsize=9,
+            family="monospace",
+            transform=ax.transAxes,
+            va="top",
+            bbox=dict(facecolor=cmap(norm(r)), edgecolor="red" if is_noise else "none", pad=1.5, linewidth=1.5),
+        )
         width = (len(word) + 2) * char / box.width
         if x > 0 and x + width > 1.0:  # wrap: move the word to the next line
             x, y = 0.0, y - 0.25
@@ -127,8 +134,12 @@ def plot_relevance(model: NAMC, batch: dict[str, Any], path: str | Path, pairs: 
         row, col = 2 * (i // 2), i % 2
         _draw_image(axes[row, col], panel, batch["ids"][panel.pair])
         _draw_words(axes[row + 1, col], panel, renderer, cmap, norm, dpi)
-    fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(), shrink=0.4,
-                 label="word relevance R_T (red frame: injected noise)")  # fmt: skip
+    fig.colorbar(
+        cm.ScalarMappable(norm=norm, cmap=cmap),
+        ax=axes.ravel().tolist(),
+        shrink=0.4,
+        label="word relevance R_T (red frame: injected noise)",
+    )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)

@@ -40,8 +40,9 @@ def report_dir(out: str | Path, fast: bool = False, plots: bool = True) -> Path:
     rows = [r for r in read_results(out) if r["variant"] in names and r["seed"] in study.seeds]
     tags = {v.name: v.tags for v in study.variants}
     title = study.title + (" (--fast scale: the numbers mean nothing)" if fast else "")
-    return write_report(out, title, rows, [v.name for v in study.variants], study.metrics, study.reference, tags,
-                        study.plot, plots)  # fmt: skip
+    return write_report(
+        out, title, rows, [v.name for v in study.variants], study.metrics, study.reference, tags, study.plot, plots
+    )
 
 
 def _select(study: Study, seeds: list[int] | None, variants: list[str] | None) -> Study:

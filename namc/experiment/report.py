@@ -72,8 +72,10 @@ def format_report(
     lines = [f"# {title}", ""]
     walls = [float(r["wall_s"]) for r in rows if r["variant"] in variants]
     mean_wall = _fmt(sum(walls) / max(len(walls), 1), 0)
-    lines.append(f"{len(walls)} runs, seeds {seeds}; run wall time {_fmt(sum(walls) / 60, 1)} min in all (mean "
-                 f"{mean_wall} s per run).")  # fmt: skip
+    lines.append(
+        f"{len(walls)} runs, seeds {seeds}; run wall time {_fmt(sum(walls) / 60, 1)} min in all (mean "
+        f"{mean_wall} s per run)."
+    )
     lines += ["", "Mean ± sample sd [95% t-interval] over seeds.", ""]
     lines.append("| variant | n | " + " | ".join(metrics) + " |")
     lines.append("|---|---|" + "---|" * len(metrics))
@@ -143,8 +145,9 @@ def plot_study(
                 ax.scatter([i] * len(vals), vals, s=10, color="0.6", zorder=2)
                 if s.n:
                     err = [[s.mean - s.low], [s.high - s.mean]] if s.n > 1 else None
-                    ax.errorbar([i], [s.mean], yerr=err, fmt="o", color="C3" if v == reference else "C0",
-                                capsize=4, zorder=3)  # fmt: skip
+                    ax.errorbar(
+                        [i], [s.mean], yerr=err, fmt="o", color="C3" if v == reference else "C0", capsize=4, zorder=3
+                    )
             ax.set_xticks(range(len(shown)), shown, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(m)
         ax.grid(alpha=0.3)
@@ -171,6 +174,5 @@ def write_report(
     out = Path(out)
     pngs = plot_study(out, rows, variants, metrics, reference, tags, plot) if plots else []
     path = out / "report.md"
-    path.write_text(format_report(title, rows, variants, metrics, reference, [str(p) for p in pngs]),
-                    encoding="utf-8")  # fmt: skip
+    path.write_text(format_report(title, rows, variants, metrics, reference, [str(p) for p in pngs]), encoding="utf-8")
     return path

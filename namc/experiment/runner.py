@@ -65,18 +65,41 @@ def prepare_data(study: Study, out: Path, progress: bool = True) -> dict[str, di
         return {"pretrain": {}, "finetune": {}}
     from namc.data.synthetic import generate_benchmark, generate_corpus
 
-    s = {"corpus_pairs": 2000, "corpus_val_pairs": 200, "benchmark_pairs": 1250, "image_size": 64, "noise_rate": 0.2,
-         "captions_per_pair": 3, "splits": [0.64, 0.08, 0.28], "seed": 0, **study.shapes}  # fmt: skip
+    s = {
+        "corpus_pairs": 2000,
+        "corpus_val_pairs": 200,
+        "benchmark_pairs": 1250,
+        "image_size": 64,
+        "noise_rate": 0.2,
+        "captions_per_pair": 3,
+        "splits": [0.64, 0.08, 0.28],
+        "seed": 0,
+        **study.shapes,
+    }
     data = (out / "data").resolve()
     marker = data / "shapes.json"
     if not (marker.exists() and json.loads(marker.read_text()) == s):
         logger.info("generating the shapes world in %s", data)
-        generate_corpus(data / "corpus", s["corpus_pairs"], s["image_size"], s["seed"], s["noise_rate"],
-                        progress=progress)  # fmt: skip
-        generate_corpus(data / "corpus_val", s["corpus_val_pairs"], s["image_size"], s["seed"] + 1, s["noise_rate"],
-                        progress=progress)  # fmt: skip
-        generate_benchmark(data / "clevr_change", s["benchmark_pairs"], s["image_size"], s["seed"],
-                           s["captions_per_pair"], splits=tuple(s["splits"]), progress=progress)  # fmt: skip
+        generate_corpus(
+            data / "corpus", s["corpus_pairs"], s["image_size"], s["seed"], s["noise_rate"], progress=progress
+        )
+        generate_corpus(
+            data / "corpus_val",
+            s["corpus_val_pairs"],
+            s["image_size"],
+            s["seed"] + 1,
+            s["noise_rate"],
+            progress=progress,
+        )
+        generate_benchmark(
+            data / "clevr_change",
+            s["benchmark_pairs"],
+            s["image_size"],
+            s["seed"],
+            s["captions_per_pair"],
+            splits=tuple(s["splits"]),
+            progress=progress,
+        )
         atomic_write_text(marker, json.dumps(s, indent=1))
     bench = str(data / "clevr_change")
     return {
@@ -96,8 +119,10 @@ def _with_outputs(cfg: dict[str, Any], root: Path, version: str, seed: int) -> d
     trainer = cfg.setdefault("trainer", {})
     trainer["default_root_dir"] = str(root)
     trainer["enable_progress_bar"] = False
-    trainer["logger"] = {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                         "init_args": {"save_dir": str(root), "name": "logs", "version": version}}  # fmt: skip
+    trainer["logger"] = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": str(root), "name": "logs", "version": version},
+    }
     callbacks = []
     for cb in trainer.get("callbacks") or []:
         cb = copy.deepcopy(cb)
@@ -133,13 +158,20 @@ def _last_csv_values(path: Path) -> dict[str, float]:
 
 def _namc(args: list[str], log: Path, cwd: Path) -> float:
     """Run ``namc ARGS`` (this interpreter) with one thread, output to ``log``; returns its wall time."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TQDM_DISABLE": "1",
+    }
     start = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as f:
-        rc = subprocess.run([sys.executable, "-m", "namc.cli", *args], stdout=f, stderr=subprocess.STDOUT, env=env,
-                            cwd=cwd, check=False).returncode  # fmt: skip
+        rc = subprocess.run(
+            [sys.executable, "-m", "namc.cli", *args], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, check=False
+        ).returncode
     if rc != 0:
         tail = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
         raise RunError(f"namc {' '.join(args[:1])} failed (exit {rc}); see {log}: {tail[-1] if tail else ''}")
@@ -186,8 +218,7 @@ class _Runner:
         fine = self._stage_cfg(variant, "finetune", seed)
         assert fine is not None
         pre_hash = None if pre is None else config_hash(self._key(pre))
-        return {"pre": pre, "fine": fine, "pre_hash": pre_hash,
-                "hash": config_hash(self._key(pre), self._key(fine))}  # fmt: skip
+        return {"pre": pre, "fine": fine, "pre_hash": pre_hash, "hash": config_hash(self._key(pre), self._key(fine))}
 
     def _pretrain(self, cfg: dict[str, Any], key: str, seed: int) -> dict[str, Any]:
         root = self.out / "stages" / f"pretrain-{key}"
@@ -293,8 +324,9 @@ def run_study(study: Study, out: str | Path, jobs: int = 1, progress: bool = Tru
             if row is not None:  # made with another config: no longer a result of this study
                 stale.append(rows.pop((variant.name, seed)))
             todo.append((variant, seed, plan))
-    logger.info("%s: %d runs to do, %d finished", study.name, len(todo),
-                len(study.variants) * len(study.seeds) - len(todo))  # fmt: skip
+    logger.info(
+        "%s: %d runs to do, %d finished", study.name, len(todo), len(study.variants) * len(study.seeds) - len(todo)
+    )
     failures: list[str] = []
     write_lock = threading.Lock()
     order = {v.name: i for i, v in enumerate(study.variants)}

@@ -36,8 +36,20 @@ from typing import Any
 
 __all__ = ["Study", "StudyError", "Variant", "config_hash", "load_study", "set_dotted"]
 
-_TOP_KEYS = {"name", "title", "description", "recipe", "data", "scale", "fast", "seeds", "reference", "variants",
-             "metrics", "plot"}  # fmt: skip
+_TOP_KEYS = {
+    "name",
+    "title",
+    "description",
+    "recipe",
+    "data",
+    "scale",
+    "fast",
+    "seeds",
+    "reference",
+    "variants",
+    "metrics",
+    "plot",
+}
 _VARIANT_KEYS = {"pretrain", "finetune", "tags", "description"}
 STAGES = ("pretrain", "finetune")
 
@@ -200,8 +212,15 @@ def load_study(path: str | Path, fast: bool = False, recipes: bool = True) -> St
         pre = spec.get("pretrain", {})
         if pre is not None and "pretrain" not in recipe:
             raise StudyError(f"{path}: variants.{name} pre-trains but the recipe has no pretrain config")
-        variants.append(Variant(str(name), None if pre is None else dict(pre), dict(spec.get("finetune") or {}),
-                                dict(spec.get("tags") or {}), str(spec.get("description", ""))))  # fmt: skip
+        variants.append(
+            Variant(
+                str(name),
+                None if pre is None else dict(pre),
+                dict(spec.get("finetune") or {}),
+                dict(spec.get("tags") or {}),
+                str(spec.get("description", "")),
+            )
+        )
     reference = str(raw.get("reference", variants[0].name))
     if reference not in {v.name for v in variants}:
         raise StudyError(f"{path}: reference {reference!r} is not a variant")

@@ -229,10 +229,21 @@ class BenchmarkDataModule(NAMCDataModule):
         if train:
             self._sampler = EpochSampler(dataset, num_replicas=world, rank=rank, seed=self.shuffle_seed)
             self._sampler.set_epoch(_trainer_epoch(self.trainer))
-            return ResumableLoader(dataset, batch_size=self.batch_size, sampler=self._sampler, collate_fn=collate,
-                                   persistent_workers=False, **loader_workers(self.num_workers, world))  # fmt: skip
-        return DataLoader(dataset, batch_size=self.eval_batch_size, collate_fn=collate, persistent_workers=False,
-                          **loader_workers(self.num_workers, world))  # fmt: skip
+            return ResumableLoader(
+                dataset,
+                batch_size=self.batch_size,
+                sampler=self._sampler,
+                collate_fn=collate,
+                persistent_workers=False,
+                **loader_workers(self.num_workers, world),
+            )
+        return DataLoader(
+            dataset,
+            batch_size=self.eval_batch_size,
+            collate_fn=collate,
+            persistent_workers=False,
+            **loader_workers(self.num_workers, world),
+        )
 
     def train_dataloader(self) -> DataLoader:
         self._train = ReferencePicker(self._shifted("train"), self.shuffle_seed)
@@ -312,8 +323,11 @@ class CorpusDataModule(NAMCDataModule):
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         self.save_hyperparameters()
         self.precomputed = precomputed
-        self.subset = {"sources": list(sources) if sources is not None else None, "fraction": fraction,
-                       "subset_seed": subset_seed}  # fmt: skip
+        self.subset = {
+            "sources": list(sources) if sources is not None else None,
+            "fraction": fraction,
+            "subset_seed": subset_seed,
+        }
         self.train_path = train
         self.val_path = val
         self.batch_size = batch_size
@@ -362,15 +376,26 @@ class CorpusDataModule(NAMCDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = _rank_world(self.trainer)
         base = CorpusDataset(
-            self.train_path, self.image_size, shuffle_buffer=self.shuffle_buffer, seed=self.shuffle_seed, rank=rank,
-            world_size=world, max_image_pixels=self.max_image_pixels, precomputed=self.precomputed, **self.subset,
-        )  # fmt: skip
+            self.train_path,
+            self.image_size,
+            shuffle_buffer=self.shuffle_buffer,
+            seed=self.shuffle_seed,
+            rank=rank,
+            world_size=world,
+            max_image_pixels=self.max_image_pixels,
+            precomputed=self.precomputed,
+            **self.subset,
+        )
         readers = world * max(self.num_workers, 1)
         if self.subset["sources"] is None and self.subset["fraction"] >= 1.0:
             total = base.count()
         else:  # one text-only pass: how many records the subset keeps
-            total = sum(1 for _ in CorpusDataset(self.train_path, None, rank=0, world_size=1, load_images=False,
-                                                 precomputed=False, **self.subset))  # fmt: skip
+            total = sum(
+                1
+                for _ in CorpusDataset(
+                    self.train_path, None, rank=0, world_size=1, load_images=False, precomputed=False, **self.subset
+                )
+            )
             logger.info("training subset %s: %d pairs", self.subset, total)
         per_reader = (total // readers) // self.batch_size * self.batch_size
         if per_reader == 0:
@@ -380,19 +405,30 @@ class CorpusDataModule(NAMCDataModule):
             )
         self._train = EvenStream(base, per_reader, self.num_workers, self.swap_prob)
         self._train.set_epoch(_trainer_epoch(self.trainer))
-        return ResumableLoader(self._train, batch_size=self.batch_size, collate_fn=self._collate(), drop_last=True,
-                               persistent_workers=False, **loader_workers(self.num_workers, world))  # fmt: skip
+        return ResumableLoader(
+            self._train,
+            batch_size=self.batch_size,
+            collate_fn=self._collate(),
+            drop_last=True,
+            persistent_workers=False,
+            **loader_workers(self.num_workers, world),
+        )
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_path is None:
             return []
         rank, world = _rank_world(self.trainer)
         self._val = CorpusDataset(
-            self.val_path, self.image_size, rank=rank, world_size=world, max_image_pixels=self.max_image_pixels,
+            self.val_path,
+            self.image_size,
+            rank=rank,
+            world_size=world,
+            max_image_pixels=self.max_image_pixels,
             precomputed=self.precomputed,
-        )  # fmt: skip
-        return DataLoader(self._val, batch_size=self.batch_size, collate_fn=self._collate(),
-                          **loader_workers(self.num_workers, world))  # fmt: skip
+        )
+        return DataLoader(
+            self._val, batch_size=self.batch_size, collate_fn=self._collate(), **loader_workers(self.num_workers, world)
+        )
 
     def teardown(self, stage: str) -> None:
         for ds in (self._train.dataset if self._train else None, self._val):

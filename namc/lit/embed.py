@@ -276,14 +276,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dino_weights", type=Path, default=None, help="timm DINOv2 ViT-L/14 model.safetensors")
     parser.add_argument("--clip_model", default="ViT-L-14", help="open_clip config of the CLIP weights")
     parser.add_argument(
-        "--clip_tag", default="openai", help="open_clip pretrained tag of the CLIP weights: openai "
-        "(timm/vit_large_patch14_clip_224.openai), laion2b_s32b_b82k, ...; sets QuickGELU and the normalisation"
-    )  # fmt: skip
+        "--clip_tag",
+        default="openai",
+        help="open_clip pretrained tag of the CLIP weights: openai "
+        "(timm/vit_large_patch14_clip_224.openai), laion2b_s32b_b82k, ...; sets QuickGELU and the normalisation",
+    )
     parser.add_argument("--dino_image_size", type=int, default=224, help="DINOv2 input side (multiple of 14)")
     parser.add_argument(
-        "--arch", choices=("large", "tiny"), default="large",
+        "--arch",
+        choices=("large", "tiny"),
+        default="large",
         help="large: the paper's ViT-L/14s; tiny: the same architectures at tiny widths (tests, smoke runs)",
-    )  # fmt: skip
+    )
     parser.add_argument("--shard_size", type=int, default=10000, help="images.jsonl lines per shard")
     parser.add_argument("--batch_size", type=int, default=64, help="images per batch and device")
     parser.add_argument("--num_workers", type=int, default=4, help="image decoding workers per device")
@@ -362,8 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for e in encoders:  # every rank, before any shard is written: a folder of other settings stops the run here
             folder = out / e.name
             folder.mkdir(parents=True, exist_ok=True)
-            meta = {"model": e.description, "dim": e.dim, "shard_size": lines.shard_size,
-                    "images": where, "n_images": lines.n_images, "n_shards": lines.n_shards}  # fmt: skip
+            meta = {
+                "model": e.description,
+                "dim": e.dim,
+                "shard_size": lines.shard_size,
+                "images": where,
+                "n_images": lines.n_images,
+                "n_shards": lines.n_shards,
+            }
             if (folder / "meta.json").is_file():
                 check_meta(folder, meta)
             else:

@@ -138,8 +138,10 @@ class FinetuneModule(NAMCModule):
                 self.model.training_shortlist = self.model.shortlist(texts())
                 logger.info("training shortlist: %s", self.model.training_shortlist)
             elif self.hparams.inference_shortlist:
-                raise ValueError("inference_shortlist: the model has no training_shortlist and the datamodule no "
-                                 "training captions to build one from")  # fmt: skip
+                raise ValueError(
+                    "inference_shortlist: the model has no training_shortlist and the datamodule no "
+                    "training captions to build one from"
+                )
 
     def _grids_of(self, batch: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Memoised (B, N, C) grids of both images when ``cache_grids`` is on, else (None, None)."""
@@ -170,9 +172,15 @@ class FinetuneModule(NAMCModule):
                 self._int8_peaks = int8_calibration(self.model)
         grid1, grid2 = self._grids_of(batch) if h.inference_precision == "fp32" else (None, None)
         return self.model.generate_ids(
-            batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, grid1, grid2, h.inference_precision,
+            batch["image1"],
+            batch["image2"],
+            h.max_new_tokens,
+            h.num_beams,
+            grid1,
+            grid2,
+            h.inference_precision,
             vocabulary=self.model.training_shortlist if h.inference_shortlist else None,
-        )  # fmt: skip
+        )
 
     def _calibrate_int8(self, pairs: int) -> None:
         """Calibrate the static int8 grid on the first ``pairs`` readable pairs of the training split, in dataset
@@ -187,8 +195,11 @@ class FinetuneModule(NAMCModule):
         items = (train[i] for i in range(len(train)))
         chosen = list(itertools.islice((it for it in items if it is not None), pairs))  # unreadable: skipped, counted
         device = self.model.fdg.tok.weight.device
-        batches = [torch.stack([item[key] for item in chosen[i : i + 16]]).to(device)
-                   for i in range(0, len(chosen), 16) for key in ("image1", "image2")]  # fmt: skip
+        batches = [
+            torch.stack([item[key] for item in chosen[i : i + 16]]).to(device)
+            for i in range(0, len(chosen), 16)
+            for key in ("image1", "image2")
+        ]
         calibrate_int8(self.model, batches)
         logger.info("int8: grid calibrated on %d training pairs", len(chosen))
 

@@ -116,8 +116,10 @@ def _tokenizer_arg(tokenizer: CaptionTokenizer | None, overrides: dict[str, Any]
     if tokenizer is None or kind is None:
         return tokenizer if tokenizer is not None else kind
     if tokenizer.kind != kind:
-        raise ValueError(f"overrides.tokenizer is {kind!r}, but the tokenizer given is a {tokenizer.kind!r} one: "
-                         f"build the datamodule with tokenizer={kind!r} (the CLI links the two)")  # fmt: skip
+        raise ValueError(
+            f"overrides.tokenizer is {kind!r}, but the tokenizer given is a {tokenizer.kind!r} one: "
+            f"build the datamodule with tokenizer={kind!r} (the CLI links the two)"
+        )
     return tokenizer
 
 

@@ -103,8 +103,14 @@ class PrecomputeSource:
     @staticmethod
     def _batch(shard: int, last: bool, consumed: int, keys: list, skipped: list, images: list) -> dict[str, Any]:
         stacked = torch.stack(images) if images else torch.zeros(0)  # (b, 2, 3, H, W)
-        return {"shard": shard, "last": last, "n_lines": consumed, "keys": keys, "skipped": skipped,
-                "inputs": {"images": stacked}}  # fmt: skip
+        return {
+            "shard": shard,
+            "last": last,
+            "n_lines": consumed,
+            "keys": keys,
+            "skipped": skipped,
+            "inputs": {"images": stacked},
+        }
 
 
 class PrecomputeModule(pl.LightningModule):
@@ -157,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-image-pixels", dest="max_image_pixels", type=pixel_cap_arg, default=MAX_IMAGE_PIXELS)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_trainer_arguments(parser)
-    return parser  # fmt: skip
+    return parser
 
 
 def _parts(args: argparse.Namespace) -> tuple[VQGANTokenizer, GridEncoder | None, dict[str, Any]]:
@@ -252,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             meta = json.loads(targets_path(s, "targets.json").read_text(encoding="utf-8"))
             rows, skipped = rows + len(meta["keys"]), skipped + len(meta["skipped"])
         what = "codes and grids" if grid is not None else "codes"
-        print(f"precomputed {what} of {rows} pairs in {args.shards}: {len(done)} of {len(shards)} shards complete "
-              f"({before} were before this run); skipped {skipped}")  # fmt: skip
+        print(
+            f"precomputed {what} of {rows} pairs in {args.shards}: {len(done)} of {len(shards)} shards complete "
+            f"({before} were before this run); skipped {skipped}"
+        )
     return 0

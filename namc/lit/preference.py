@@ -121,10 +121,19 @@ class PreferenceModule(FinetuneModule):
         if beta <= 0:
             raise ValueError("beta must be positive")
         super().__init__(
-            model=model, tokenizer=tokenizer, pretrained=pretrained, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps,
-            weight_decay=weight_decay, max_new_tokens=max_new_tokens, num_beams=num_beams, cache_grids=cache_grids,
-            spice=spice, seed=seed,
-        )  # fmt: skip
+            model=model,
+            tokenizer=tokenizer,
+            pretrained=pretrained,
+            lr=lr,
+            min_lr=min_lr,
+            warmup_steps=warmup_steps,
+            weight_decay=weight_decay,
+            max_new_tokens=max_new_tokens,
+            num_beams=num_beams,
+            cache_grids=cache_grids,
+            spice=spice,
+            seed=seed,
+        )
         self.save_hyperparameters(ignore=["tokenizer"])
         reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         object.__setattr__(self, "_reference", reference)  # not a submodule: not saved, not trained, not in DDP
@@ -164,10 +173,20 @@ class PreferenceModule(FinetuneModule):
         positives = {e[0]: e[3] for e in entries}
         no_change = [e[0] for e in entries if e[4] == NO_CHANGE]  # "no change" captions are true of every such pair
         h = self.hparams
-        self.pool = NegativePool(positives, self.tokenizer, self.model.config.max_caption_len, h.candidates,
-                                 h.num_candidates, interchangeable=no_change)  # fmt: skip
-        logger.info("negative pool: %d distinct training captions, source %s, K %d", len(self.pool.texts),
-                    h.candidates, h.num_candidates)  # fmt: skip
+        self.pool = NegativePool(
+            positives,
+            self.tokenizer,
+            self.model.config.max_caption_len,
+            h.candidates,
+            h.num_candidates,
+            interchangeable=no_change,
+        )
+        logger.info(
+            "negative pool: %d distinct training captions, source %s, K %d",
+            len(self.pool.texts),
+            h.candidates,
+            h.num_candidates,
+        )
 
     def _generator(self, batch_idx: int) -> torch.Generator:
         g = torch.Generator()

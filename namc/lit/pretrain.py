@@ -94,10 +94,18 @@ class PretrainModule(NAMCModule):
         if masking == "none":  # Bernoulli(0) never masks; the model layer knows only "noise" and "random"
             masking, p_img, p_txt = "random", 0.0, 0.0
         switches = dict(
-            use_nim=use_nim, use_mir=use_mir, masking=masking, p_img=p_img, p_txt=p_txt, nim_loss=nim_loss,
-            nim_token_loss=nim_token_loss, nim_token_ngram=nim_token_ngram, rec_loss=rec_loss,
-            denoised_image=denoised_image, denoised_text=denoised_text,
-        )  # fmt: skip
+            use_nim=use_nim,
+            use_mir=use_mir,
+            masking=masking,
+            p_img=p_img,
+            p_txt=p_txt,
+            nim_loss=nim_loss,
+            nim_token_loss=nim_token_loss,
+            nim_token_ngram=nim_token_ngram,
+            rec_loss=rec_loss,
+            denoised_image=denoised_image,
+            denoised_text=denoised_text,
+        )
         overrides = dict(overrides or {})
         clash = sorted(set(switches) & set(overrides))
         if clash:
@@ -134,8 +142,14 @@ class PretrainModule(NAMCModule):
             digest[key] = file_digest(Path(path))["sha256"] if path and Path(path).is_file() else None
         grid_used = not c.grid_trainable
         for corpus in corpora:
-            check_targets(corpus, c.vqgan_n_embed, digest["vqgan_pretrained"], c.grid_model if grid_used else None,
-                          digest["grid_pretrained"], c.image_size)  # fmt: skip
+            check_targets(
+                corpus,
+                c.vqgan_n_embed,
+                digest["vqgan_pretrained"],
+                c.grid_model if grid_used else None,
+                digest["grid_pretrained"],
+                c.image_size,
+            )
 
     def _generator(self, batch_idx: int, stage: int) -> torch.Generator:
         g = torch.Generator(device=self.device)

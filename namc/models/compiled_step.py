@@ -101,10 +101,14 @@ class FrozenStep(nn.Module):
     def step_weights(self) -> list:
         """The weights in FDG's per-layer layout, read from this module's buffers."""
         return [
-            self._layout(**{name: (getattr(self, f"{name}_{i}"), getattr(self, f"{name}_{i}_bias"))
-                            for name in self._layout.NAMES})
+            self._layout(
+                **{
+                    name: (getattr(self, f"{name}_{i}"), getattr(self, f"{name}_{i}_bias"))
+                    for name in self._layout.NAMES
+                }
+            )
             for i in range(len(self.fdg.blocks))
-        ]  # fmt: skip
+        ]
 
     def forward(
         self,

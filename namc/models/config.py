@@ -46,10 +46,18 @@ class NAMCConfig:
     grid_trainable: bool = False  # the paper keeps the ResNet frozen ("pre-extracted"); train it without weights
     vqgan_ddconfig: dict[str, Any] = field(
         default_factory=lambda: dict(
-            double_z=False, z_channels=256, resolution=256, in_channels=3, out_ch=3, ch=128,
-            ch_mult=[1, 1, 2, 2, 4], num_res_blocks=2, attn_resolutions=[16], dropout=0.0,
+            double_z=False,
+            z_channels=256,
+            resolution=256,
+            in_channels=3,
+            out_ch=3,
+            ch=128,
+            ch_mult=[1, 1, 2, 2, 4],
+            num_res_blocks=2,
+            attn_resolutions=[16],
+            dropout=0.0,
         )
-    )  # fmt: skip
+    )
     vqgan_n_embed: int = 16384
     vqgan_embed_dim: int = 256
     vqgan_pretrained: str | None = None

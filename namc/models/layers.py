@@ -71,8 +71,9 @@ def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return torch.matmul(scores.softmax(dim=-1), v)
 
 
-def attend_sized(attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args,
-                 **kwargs) -> torch.Tensor:  # fmt: skip
+def attend_sized(
+    attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs
+) -> torch.Tensor:
     """``attend(q, k, v, ...)`` (:func:`attend_one` or ``F.scaled_dot_product_attention``), on one thread where its
     4 B H Q S E FLOPs are too few to pay for waking a second (:mod:`namc.models.threads`)."""
     if not q.is_cpu:

@@ -102,16 +102,32 @@ class NAMC(nn.Module):
             self.nim.check_image_size(c.image_size)
             text_dim = self.nim.embed_dim
         mir = MIRConfig(
-            in_channels=self.grid.out_channels, num_positions=n, dim=c.dim, heads=c.heads, layers=c.mir_layers,
-            text_dim=text_dim, codebook_size=c.vqgan_n_embed if c.pretraining else 0, rec_loss=c.rec_loss,
-            mlp_ratio=c.mlp_ratio, dropout=c.dropout, fusion=c.fusion,
-        )  # fmt: skip
+            in_channels=self.grid.out_channels,
+            num_positions=n,
+            dim=c.dim,
+            heads=c.heads,
+            layers=c.mir_layers,
+            text_dim=text_dim,
+            codebook_size=c.vqgan_n_embed if c.pretraining else 0,
+            rec_loss=c.rec_loss,
+            mlp_ratio=c.mlp_ratio,
+            dropout=c.dropout,
+            fusion=c.fusion,
+        )
         self.mir = MIR(mir)
         fdg = FDGConfig(
-            vocab_size=c.vocab_size, dim=c.dim, heads=c.heads, layers=c.fdg_layers, max_len=c.max_caption_len,
-            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, mlp_ratio=c.mlp_ratio,
-            dropout=c.dropout, tie_embeddings=c.tie_embeddings,
-        )  # fmt: skip
+            vocab_size=c.vocab_size,
+            dim=c.dim,
+            heads=c.heads,
+            layers=c.fdg_layers,
+            max_len=c.max_caption_len,
+            pad_id=tokenizer.pad_id,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            mlp_ratio=c.mlp_ratio,
+            dropout=c.dropout,
+            tie_embeddings=c.tie_embeddings,
+        )
         self.fdg = FDG(fdg)
         # the tokens of the captions the model was fine-tuned on (FinetuneModule; kept by save_pretrained and
         # checkpoints): pass it as ``vocabulary=`` to decode over it (namc.models.shortlist); None: no list
@@ -389,8 +405,11 @@ class NAMC(nn.Module):
         sd = load_state_dict(directory / WEIGHTS_FILE, hint="the model.safetensors written by save_pretrained")
         load_strict(model, sd, what=f"NAMC weights from {directory}")
         model = model.to(map_location).eval()
-        unrecorded = [name for name in (CALIBRATION_FILE, SHORTLIST_FILE)
-                      if checked and name not in checked and (directory / name).exists()]  # fmt: skip
+        unrecorded = [
+            name
+            for name in (CALIBRATION_FILE, SHORTLIST_FILE)
+            if checked and name not in checked and (directory / name).exists()
+        ]
         for name in unrecorded:
             logger.warning("%s: %s is not recorded in config.json: ignored", directory, name)
         if CALIBRATION_FILE not in unrecorded and torch.device(map_location).type == "cpu":  # int8: CPU only

@@ -379,8 +379,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """oneDNN's linear kernel on a CPU ``weight`` (fp32 as it is, or bf16 prepacked by :func:`pack_linear`), ``x``
     cast to its dtype; on one thread where the product is too small to pay for waking a second
     (:mod:`namc.models.threads`)."""
-    return threads.run(_kind(weight), 2.0 * x.numel() * weight.shape[0], _onednn_linear, x.to(weight.dtype), weight,
-                       bias)  # fmt: skip
+    return threads.run(
+        _kind(weight), 2.0 * x.numel() * weight.shape[0], _onednn_linear, x.to(weight.dtype), weight, bias
+    )
 
 
 def _kind(weight: torch.Tensor) -> str:

@@ -173,8 +173,10 @@ def set_int8_calibration(model: nn.Module, peaks: Any, source: str = "calibratio
     )
     if not ok or [len(block) for block in peaks] != want:
         got = [len(b) for b in peaks] if ok else "not lists of finite non-negative numbers"
-        raise ValueError(f"{source}: int8 peaks must be {len(want)} lists of finite numbers >= 0 of lengths {want} "
-                         f"(this model's grid), got {got}")  # fmt: skip
+        raise ValueError(
+            f"{source}: int8 peaks must be {len(want)} lists of finite numbers >= 0 of lengths {want} "
+            f"(this model's grid), got {got}"
+        )
     _PEAKS[model] = (_fingerprint(model.grid), [[float(v) for v in block] for block in peaks])
     _COPIES.get(model, {}).pop("int8", None)  # rebuilt with the static grid on next use
 

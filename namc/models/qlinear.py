@@ -205,9 +205,20 @@ class DynamicLinear(nn.Module):
         rows = x.reshape(-1, self.in_features).float()
         codes, scale, zero = quantize_activations(rows, 256 if DynamicLinear._full_range else 128)
         y = torch.ops.onednn.qlinear_pointwise(
-            codes, scale, zero, self.onednn_weight.tensor, self.w_scales, self.w_zero, self.plain_bias,
-            1.0, 0, torch.float32, "none", [], "",
-        )  # fmt: skip
+            codes,
+            scale,
+            zero,
+            self.onednn_weight.tensor,
+            self.w_scales,
+            self.w_zero,
+            self.plain_bias,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [],
+            "",
+        )
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def weight(self) -> torch.Tensor:

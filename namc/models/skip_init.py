@@ -24,8 +24,17 @@ class skip_random_init(TorchFunctionMode):  # noqa: N801 (used as a context mana
     to rebuild the buffers a state dict lacks.
     """
 
-    _INIT_FILLS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
-                   "xavier_normal_", "orthogonal_", "sparse_")  # fmt: skip
+    _INIT_FILLS = (
+        "uniform_",
+        "normal_",
+        "trunc_normal_",
+        "kaiming_uniform_",
+        "kaiming_normal_",
+        "xavier_uniform_",
+        "xavier_normal_",
+        "orthogonal_",
+        "sparse_",
+    )
     _SKIPPED = frozenset(
         [
             *(getattr(nn.init, name) for name in _INIT_FILLS),

@@ -111,8 +111,9 @@ def run_audit(
     scores_tmp = out / ".scores.jsonl.partial"
     n_pairs = n_unscored = 0
     with open(scores_tmp, "w", encoding="utf-8") as f:
-        for scored, _, _ in tqdm(score_manifest(model, manifest, issues, batch_size, limit), disable=not progress,
-                                 desc="audit", unit="pair"):  # fmt: skip
+        for scored, _, _ in tqdm(
+            score_manifest(model, manifest, issues, batch_size, limit), disable=not progress, desc="audit", unit="pair"
+        ):
             r = scored.record
             for s in (scored.scores1, scored.scores2):
                 vals = np.array([x for x in s if x is not None], dtype=np.float64)
@@ -138,10 +139,18 @@ def run_audit(
             scored = [x for x in s1 + s2 if x is not None]
             flagged = sum(x >= t for x in scored)
             frac = flagged / len(scored) if scored else 0.0
-            item = {"id": rec["id"], "source": rec["source"], "words1": w1, "scores1": _round(s1),
-                    "spans1": flag_spans(w1, s1, t), "words2": w2, "scores2": _round(s2),
-                    "spans2": flag_spans(w2, s2, t), "flagged_fraction": round(frac, 4),
-                    "max_score": round(max(scored), 4) if scored else None}  # fmt: skip
+            item = {
+                "id": rec["id"],
+                "source": rec["source"],
+                "words1": w1,
+                "scores1": _round(s1),
+                "spans1": flag_spans(w1, s1, t),
+                "words2": w2,
+                "scores2": _round(s2),
+                "spans2": flag_spans(w2, s2, t),
+                "flagged_fraction": round(frac, 4),
+                "max_score": round(max(scored), 4) if scored else None,
+            }
             dst.write(json_line(item))
             for k, s in (("noise1", s1), ("noise2", s2)):
                 if rec.get(k) is not None:
@@ -243,10 +252,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model = load_model(args.model).to(args.device)
     out = args.out or (args.workdir or manifest.parent) / "audit"
-    summary = run_audit(model, manifest, out, args.threshold, args.flag_quantile, args.max_flagged,
-                        args.pr_thresholds, args.html_pairs, args.batch_size, args.limit, not args.quiet)  # fmt: skip
-    print(f"audited {summary['pairs']} pairs (skipped {summary['skipped'] or 0}); threshold {summary['threshold']} "
-          f"({summary['threshold_from']}); kept {summary['kept']}, dropped {summary['dropped']}")  # fmt: skip
+    summary = run_audit(
+        model,
+        manifest,
+        out,
+        args.threshold,
+        args.flag_quantile,
+        args.max_flagged,
+        args.pr_thresholds,
+        args.html_pairs,
+        args.batch_size,
+        args.limit,
+        not args.quiet,
+    )
+    print(
+        f"audited {summary['pairs']} pairs (skipped {summary['skipped'] or 0}); threshold {summary['threshold']} "
+        f"({summary['threshold_from']}); kept {summary['kept']}, dropped {summary['dropped']}"
+    )
     noise = summary.get("noise_labels")
     if noise:
         print(f"labelled noise: {noise['noise_words']} of {noise['words']} words, AUROC {noise['auroc']:.3f}")

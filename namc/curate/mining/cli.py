@@ -164,16 +164,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise FileNotFoundError(f"{images}: images.jsonl not found (run `namc curate index` first)")
         out = args.out or work / "pairs.jsonl"
         thresholds = Thresholds(
-            args.tau_max, args.tau_min, args.tau_max_clip, args.tau_min_clip, args.tau_max_dino, args.tau_min_dino,
+            args.tau_max,
+            args.tau_min,
+            args.tau_max_clip,
+            args.tau_min_clip,
+            args.tau_max_dino,
+            args.tau_min_dino,
             args.set_test,
-        )  # fmt: skip
+        )
         cfg = MiningConfig(
-            k=args.k, thresholds=thresholds, n_clusters=args.n_clusters, gamma=args.gamma, alpha=args.alpha,
-            beta=args.beta, seed=args.seed, index=args.index, nlist=args.nlist, nprobe=args.nprobe,
+            k=args.k,
+            thresholds=thresholds,
+            n_clusters=args.n_clusters,
+            gamma=args.gamma,
+            alpha=args.alpha,
+            beta=args.beta,
+            seed=args.seed,
+            index=args.index,
+            nlist=args.nlist,
+            nprobe=args.nprobe,
             use_gpu={"auto": None, "yes": True, "no": False}[args.gpu],
-            imgdiff=tuple(args.imgdiff_range) if args.imgdiff_filter else None, workers=args.workers,
+            imgdiff=tuple(args.imgdiff_range) if args.imgdiff_filter else None,
+            workers=args.workers,
             assign_labels=args.assign_labels,
-        )  # fmt: skip
+        )
         t0 = time.perf_counter()
         keys, clip, dino, unaligned = _aligned(clip_dir, dino_dir, args.allow_missing_shards)
         load_s = time.perf_counter() - t0

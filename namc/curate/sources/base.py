@@ -101,8 +101,9 @@ class SourceSpec:
             raise ValueError(f"source name {name!r} must be non-empty and contain no '/'")
         rest = {k: v for k, v in value.items() if k not in ("name", "kind", "root", "captions")}
         captions = value.get("captions")
-        return cls(name=name, kind=kind, root=str(value["root"]), captions=str(captions) if captions else None,
-                   options=rest)  # fmt: skip
+        return cls(
+            name=name, kind=kind, root=str(value["root"]), captions=str(captions) if captions else None, options=rest
+        )
 
 
 # kind -> reader(spec, issues) yielding ImageItem / PairItem

@@ -97,14 +97,25 @@ def read_targets(shard: Path, image_size: int | None) -> ShardTargets | None:
         if meta.get("grids"):
             grids = np.load(targets_path(shard, "grids.npy"), mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, KeyError, TypeError) as err:  # damaged by hand: the encoders compute them instead
-        logger.warning("%s: unreadable precomputed targets (%s: %s), ignored; rerun `namc data precompute`",
-                       meta_path, type(err).__name__, err)  # fmt: skip
+        logger.warning(
+            "%s: unreadable precomputed targets (%s: %s), ignored; rerun `namc data precompute`",
+            meta_path,
+            type(err).__name__,
+            err,
+        )
         return None
     stamp = shard_stamp(shard)
     if not made_from(meta, stamp):
-        logger.warning("%s: made from another %s (%s bytes, digest %s; now %d bytes, digest %s): ignored (rerun "
-                       "`namc data precompute`)", meta_path, shard.name, meta.get("shard_bytes"),
-                       meta.get("shard_digest"), stamp["shard_bytes"], stamp["shard_digest"])  # fmt: skip
+        logger.warning(
+            "%s: made from another %s (%s bytes, digest %s; now %d bytes, digest %s): ignored (rerun "
+            "`namc data precompute`)",
+            meta_path,
+            shard.name,
+            meta.get("shard_bytes"),
+            meta.get("shard_digest"),
+            stamp["shard_bytes"],
+            stamp["shard_digest"],
+        )
         return None
     if image_size is not None and meta.get("image_size") != image_size:
         raise ValueError(
@@ -164,15 +175,21 @@ def check_targets(
         checks = [
             ("targets precomputed at {} px, the model reads {} px", meta.get("image_size"), image_size),
             ("codes from a VQGAN with {} codes, the model's has {}", codes.get("n_embed"), n_embed),
-            ("codes made with VQGAN weights sha256 {:.12}..., the model loads {:.12}...", codes.get("weights"),
-             vqgan_sha256),
-        ]  # fmt: skip
+            (
+                "codes made with VQGAN weights sha256 {:.12}..., the model loads {:.12}...",
+                codes.get("weights"),
+                vqgan_sha256,
+            ),
+        ]
         if grids and grid_model is not None:
             checks += [
                 ("grids of a {}, the model's grid encoder is {}", grids.get("model"), grid_model),
-                ("grids made with weights sha256 {:.12}..., the model loads {:.12}...", grids.get("weights"),
-                 grid_sha256),
-            ]  # fmt: skip
+                (
+                    "grids made with weights sha256 {:.12}..., the model loads {:.12}...",
+                    grids.get("weights"),
+                    grid_sha256,
+                ),
+            ]
         for message, made, expected in checks:
             if expected is not None and made != expected:
                 raise ValueError(

@@ -61,9 +61,19 @@ logger = logging.getLogger(__name__)
 
 #: the 12 change types of OmniDiff (paper, section 3.1), as this loader names them
 CHANGE_TYPES = (
-    "viewpoint", "illumination", "addition", "disappearance", "removal", "substitution",
-    "size", "color", "orientation", "pose", "ocr", "counting",
-)  # fmt: skip
+    "viewpoint",
+    "illumination",
+    "addition",
+    "disappearance",
+    "removal",
+    "substitution",
+    "size",
+    "color",
+    "orientation",
+    "pose",
+    "ocr",
+    "counting",
+)
 _ALIASES = {
     "colour": "color",
     "text": "ocr",

@@ -35,7 +35,7 @@ ATTRIBUTE_WORDS: dict[str, dict[str, tuple[str, ...]]] = {
         "cube": ("cube", "cubes", "block", "blocks"),
         "sphere": ("sphere", "spheres", "ball", "balls"),
         "cylinder": ("cylinder", "cylinders"),
-    },  # fmt: skip
+    },
     "material": {"rubber": ("rubber", "matte"), "metal": ("metal", "metallic", "shiny")},
     "size": {"small": ("small", "tiny"), "large": ("large", "big")},
 }
@@ -56,9 +56,11 @@ def _template_regex(template: str) -> re.Pattern[str]:
 
 
 _PATTERNS = [
-    (ctype, k, _template_regex(t)) for ctype, templates in _CAPTIONS.items() if ctype != NO_CHANGE
+    (ctype, k, _template_regex(t))
+    for ctype, templates in _CAPTIONS.items()
+    if ctype != NO_CHANGE
     for k, t in enumerate(templates)
-]  # fmt: skip
+]
 
 
 def parse_caption(caption: str) -> tuple[str, int, str, str] | None:

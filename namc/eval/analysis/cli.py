@@ -38,9 +38,11 @@ def _reconstruction(args: argparse.Namespace) -> int:
     c = model.config
     vqgan = args.vqgan or c.vqgan_pretrained
     if vqgan is None:
-        print("namc analyze reconstruction: the VQGAN checkpoint is needed (--vqgan): taming-transformers' "
-              "vqgan_imagenet_f16_16384/checkpoints/last.ckpt, the file the model's tokenizer was loaded from",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "namc analyze reconstruction: the VQGAN checkpoint is needed (--vqgan): taming-transformers' "
+            "vqgan_imagenet_f16_16384/checkpoints/last.ckpt, the file the model's tokenizer was loaded from",
+            file=sys.stderr,
+        )
         return 2
     decoder = VQGANDecoder(c.vqgan_ddconfig, c.vqgan_n_embed, c.vqgan_embed_dim, vqgan)
     collate = PretrainCollator(model.tokenizer, model.nim.context_length, c.max_caption_len)
@@ -56,8 +58,11 @@ def _reconstruction(args: argparse.Namespace) -> int:
             for k in ("psnr", "ssim"):
                 acc[k] += m[k] * m["patches"]
             acc["patches"] += m["patches"]
-    table = {row: {k: (v["psnr" if k == "psnr" else "ssim"] / max(v["patches"], 1)) for k in ("psnr", "ssim")}
-             | {"patches": v["patches"]} for row, v in sums.items()}  # fmt: skip
+    table = {
+        row: {k: (v["psnr" if k == "psnr" else "ssim"] / max(v["patches"], 1)) for k in ("psnr", "ssim")}
+        | {"patches": v["patches"]}
+        for row, v in sums.items()
+    }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "table9.json").write_text(json.dumps(table, indent=2) + "\n")
@@ -74,8 +79,10 @@ def _relevance(args: argparse.Namespace) -> int:
 
     model = load_model(args.model).eval()
     if model.nim is None:
-        print(f"namc analyze relevance: {args.model} has no NIM module (a fine-tuned model): pass a pre-trained one",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"namc analyze relevance: {args.model} has no NIM module (a fine-tuned model): pass a pre-trained one",
+            file=sys.stderr,
+        )
         return 2
     batch = pair_batch(model, args.image1, args.image2, args.description, model.nim.context_length)
     maps = pair_maps(model, batch)

@@ -53,8 +53,12 @@ class VQGANDecoder(nn.Module):
         self.quantize.embedding = nn.Embedding(n_embed, embed_dim)  # taming's VectorQuantizer2 key layout
         if pretrained is not None:
             state = load_state_dict(pretrained, hint="the taming VQGAN checkpoint (last.ckpt) whose codes MIR predicts")
-            load_strict(self, state, what=f"VQGAN decoder from {pretrained}",
-                        ignore_unexpected=lambda key: not key.startswith(_USED_PREFIXES))  # fmt: skip
+            load_strict(
+                self,
+                state,
+                what=f"VQGAN decoder from {pretrained}",
+                ignore_unexpected=lambda key: not key.startswith(_USED_PREFIXES),
+            )
         self.requires_grad_(False)
         self.eval()
 

@@ -29,8 +29,15 @@ def pair_batch(model: NAMC, image1: str | Path, image2: str | Path, description:
     follows the implicit-change template (section 3.1.2; :class:`namc.text.template.TemplateError` otherwise)."""
     parsed = template.parse(description)
     load = ImageTransform(model.config.image_size).load
-    item = {"id": Path(image1).stem, "image1": load(Path(image1)), "image2": load(Path(image2)),
-            "verb1": parsed.verb1, "desc1": parsed.desc1, "verb2": parsed.verb2, "desc2": parsed.desc2}  # fmt: skip
+    item = {
+        "id": Path(image1).stem,
+        "image1": load(Path(image1)),
+        "image2": load(Path(image2)),
+        "verb1": parsed.verb1,
+        "desc1": parsed.desc1,
+        "verb2": parsed.verb2,
+        "desc2": parsed.desc2,
+    }
     return PretrainCollator(model.tokenizer, max_text_len, model.config.max_caption_len)([item])
 
 
@@ -82,8 +89,13 @@ def plot_pair(maps: dict[str, Any], images: list[torch.Tensor], path: str | Path
         for row, key, label in ((0, "heat", "NIM relevance R_I"), (2, "coattention", "MIR co-attention")):
             ax = axes[row, k]
             ax.imshow(img)
-            im = ax.imshow(maps[key][k].numpy(), cmap="coolwarm_r" if key == "heat" else "viridis", alpha=0.5,
-                           extent=(0, W, H, 0), interpolation="nearest")  # fmt: skip
+            im = ax.imshow(
+                maps[key][k].numpy(),
+                cmap="coolwarm_r" if key == "heat" else "viridis",
+                alpha=0.5,
+                extent=(0, W, H, 0),
+                interpolation="nearest",
+            )
             ax.set_title(f"image {k + 1}: {label}", fontsize=9)
             ax.axis("off")
             fig.colorbar(im, ax=ax, shrink=0.7)

@@ -57,69 +57,88 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N (default %(default)s)")
     p.add_argument("--dtype", default=d.dtype, choices=sorted(DTYPES), help="half precision on CUDA only")
     p.add_argument(
-        "--precision", default=d.precision, choices=PRECISIONS,
+        "--precision",
+        default=d.precision,
+        choices=PRECISIONS,
         help="CPU inference precision of namc and the CLIP4IDC peer: fp32, bf16 (bf16 weights, oneDNN), int8 "
         "(dynamic int8 linear layers) (default %(default)s)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--int8-grid", default=d.int8_grid, choices=INT8_GRIDS,
+        "--int8-grid",
+        default=d.int8_grid,
+        choices=INT8_GRIDS,
         help="with --precision int8: the ResNet grid's blocks in static int8 (with a model folder's own "
         "int8_calibration.json, else calibrated on the benchmark's synthetic images: timing only), or fp32 as in an "
         "uncalibrated model (default %(default)s)",
-    )  # fmt: skip
+    )
     p.add_argument("--threads", type=int, default=d.threads, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="default %(default)s (appendix F)")
     p.add_argument(
-        "--length-mode", default=d.length_mode, choices=LENGTH_MODES,
+        "--length-mode",
+        default=d.length_mode,
+        choices=LENGTH_MODES,
         help="fixed: ignore [EOS], generate exactly max-new-tokens per pair; eos: stop at [EOS] (default %(default)s)",
-    )  # fmt: skip
+    )
     p.add_argument("--modes", nargs="+", default=list(d.modes), choices=MODES, help="default: %(default)s")
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument(
-        "--reference", default=d.reference, choices=REFERENCES,
+        "--reference",
+        default=d.reference,
+        choices=REFERENCES,
         help="what to compare with: decode (namc's FDG without a cache, from the same memory), clip4idc (the "
         "CLIP4IDC peer, decode-only and end to end, interleaved with namc: slow), all, none (default %(default)s)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--reference-precision", default=d.reference_precision, choices=PRECISIONS,
+        "--reference-precision",
+        default=d.reference_precision,
+        choices=PRECISIONS,
         help="the CLIP4IDC peer's CPU precision, where it should differ from --precision (each model at its fastest: "
         "on a CPU with AMX the peer decodes faster in bf16 than in int8) (default: --precision)",
-    )  # fmt: skip
+    )
     p.add_argument("--reference-repeats", type=int, default=d.reference_repeats)
     p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")
     p.add_argument(
-        "--compile", action="store_true",
+        "--compile",
+        action="store_true",
         help="torch.compile the fp32 or bf16 decoding step, its weights frozen in the compiled code (FDG.compile_step)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--static-decode", action="store_true",
+        "--static-decode",
+        action="store_true",
         help="decode in fixed-shape steps over a static KV cache (namc.models.static_decode), on CUDA one CUDA "
         "graph per batch size replayed at every step; on a CPU the same steps run eagerly",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--shortlist", type=_shortlist, default=d.shortlist, metavar="N|model",
+        "--shortlist",
+        type=_shortlist,
+        default=d.shortlist,
+        metavar="N|model",
         help="decode over N tokens instead of the whole vocabulary, namc and the CLIP4IDC peer alike (random ids, "
         "[EOS] among them; namc.models.shortlist); model: namc over the model folder's own list (shortlist.json, "
         "kept by namc fit), the peer over as many random ids; 0: the whole vocabulary (default)",
-    )  # fmt: skip
+    )
     p.add_argument("--train-batch-size", type=int, default=d.train_batch_size, help="0 skips training (default)")
     p.add_argument("--train-steps", type=int, default=d.train_steps)
     p.add_argument("--train-warmup", type=int, default=d.train_warmup)
     p.add_argument("--train-vqgan", action="store_true", help="run the VQGAN tokenizer inside each training step")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
-        "--omp-wait-policy", choices=("passive", "active"), default=None,
+        "--omp-wait-policy",
+        choices=("passive", "active"),
+        default=None,
         help="run with OMP_WAIT_POLICY set (OpenMP reads it when torch loads, so the benchmark re-runs itself in a "
         "child process). passive stops idle OpenMP threads from spinning: on a machine shared with other "
         "processes, spinning threads can slow small-batch decoding several-fold (default: the environment's)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--allocator", choices=ALLOCATORS, default="system",
+        "--allocator",
+        choices=ALLOCATORS,
+        default="system",
         help="reuse: glibc's malloc keeps freed memory for the next tensors instead of mapping fresh pages for each "
         "large one (namc.runtime.reuse_freed_memory; freed memory stays with the process); system: leave malloc "
         "as it is (default %(default)s)",
-    )  # fmt: skip
+    )
     p.add_argument("--output", type=Path, default=None, help="write the JSON report here")
     p.add_argument("--verbose", action="store_true", help="log progress")
     return p

@@ -346,7 +346,8 @@ class ProjectedAttention(nn.Module):
             return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)
 
         causal = is_causal and attn_mask is None
-        x = attend_sized(F.scaled_dot_product_attention, heads(q), heads(k), heads(v), attn_mask=attn_mask,
-                         is_causal=causal)  # fmt: skip
+        x = attend_sized(
+            F.scaled_dot_product_attention, heads(q), heads(k), heads(v), attn_mask=attn_mask, is_causal=causal
+        )
         x = self.out(x.transpose(1, 2).reshape(B, L, D).to(query.dtype))
         return (x if self.batch_first else x.transpose(0, 1)), None

@@ -103,8 +103,9 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     model = model.to(device).eval()
     params = model.num_parameters()
     short = decoding_shortlist(model, settings)  # before anything is timed: a model without its own list stops here
-    logger.info("matmul reference: %d x %d %s %s", settings.gemm_size, settings.gemm_size, settings.dtype,
-                settings.precision)  # fmt: skip
+    logger.info(
+        "matmul reference: %d x %d %s %s", settings.gemm_size, settings.gemm_size, settings.dtype, settings.precision
+    )
     matmul = measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision)
     if dtype != torch.float32:
         model.to(dtype)

@@ -241,8 +241,10 @@ _MODEL = {
 }
 
 _MATMUL = {
-    "size": _field("integer", "side n of the square GEMM (default 1024: about the decoder's per-step work at batch "
-                   "32 for namc_base)"),
+    "size": _field(
+        "integer",
+        "side n of the square GEMM (default 1024: about the decoder's per-step work at batch 32 for namc_base)",
+    ),
     "dtype": _field("string", "the run's dtype"),
     "flops_per_call": _field("number", "`2 n^3`"),
     "backends": _field(
@@ -253,9 +255,12 @@ _MATMUL = {
     ),
     "best_backend": _field("string", "the backend with the highest median"),
     "flops_per_s": _field("number", "that median, the larger of `runs`: the reference of `efficiency`", minimum=0),
-    "runs": _field("array", "the best backend's median FLOP/s measured before and after the timed calls",
-                   items={"type": "number", "minimum": 0}),
-}  # fmt: skip
+    "runs": _field(
+        "array",
+        "the best backend's median FLOP/s measured before and after the timed calls",
+        items={"type": "number", "minimum": 0},
+    ),
+}
 
 _FLOPS = {
     "per_call": _field("number", "analytic FLOPs of the call (`namc.eval.throughput.decoder_flops`)"),
@@ -316,16 +321,25 @@ _PEER = {
         "`CLIP4IDCPeer.num_parameters()`",
     ),
     "paper_parameters": _field("integer", "Table 5's count (173.7M)"),
-    "linear_maps": _enum(LINEAR_FORMS, (
-        "what every linear map of the peer's decoding (cross encoder, decoder, vocabulary head), attention projections "
-        "included, ran as (`clip4idc.peer_at`; until schema 10 every linear map of the peer): plain `F.linear` in fp32 "
-        "or bf16 (off the CPU, or without oneDNN), oneDNN's kernel on prepacked fp32 (plain until schema 8) or bf16 "
-        "weights, or dynamic int8 layers; schema 6 and before timed a peer whose attention stayed fp32 in int8, whose "
-        "bf16 weights were not prepacked and whose fp32 products ran on `F.linear`")),
-    "encoder_linear_maps": _enum(LINEAR_FORMS, (
-        "what the linear maps of the peer's ViT ran as: as `linear_maps`, but `onednn_bf16_prepacked` for int8 on a "
-        "CPU with AMX, with its cross encoder and keys / values of the memory, as namc's int8 MIR and prefill there")),
-}  # fmt: skip
+    "linear_maps": _enum(
+        LINEAR_FORMS,
+        (
+            "what every linear map of the peer's decoding (cross encoder, decoder, vocabulary head), attention "
+            "projections included, ran as (`clip4idc.peer_at`; until schema 10 every linear map of the peer): plain "
+            "`F.linear` in fp32 or bf16 (off the CPU, or without oneDNN), oneDNN's kernel on prepacked fp32 (plain "
+            "until schema 8) or bf16 weights, or dynamic int8 layers; schema 6 and before timed a peer whose attention "
+            "stayed fp32 in int8, whose bf16 weights were not prepacked and whose fp32 products ran on `F.linear`"
+        ),
+    ),
+    "encoder_linear_maps": _enum(
+        LINEAR_FORMS,
+        (
+            "what the linear maps of the peer's ViT ran as: as `linear_maps`, but `onednn_bf16_prepacked` for int8 on "
+            "a CPU with AMX, with its cross encoder and keys / values of the memory, as namc's int8 MIR and prefill "
+            "there"
+        ),
+    ),
+}
 
 _ESTIMATE = {
     "pairs": _field("integer", "770,000 (section 3.1.1)"),

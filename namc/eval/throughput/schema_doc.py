@@ -200,8 +200,18 @@ def _section(heading: str, title: str, node: dict[str, Any], notes: dict[str, st
 def schema_markdown(schema: dict[str, Any] = REPORT_SCHEMA) -> str:
     """docs/benchmark_schema.md: the prose above, a table per object of ``schema``, then ``schema`` itself."""
     notes = dict(_NOTES)
-    lines = [_INTRO, *_table(_LEVELS), "", "Naive reference decoders (`reference` entries), timed in the same process "
-             "on the same inputs:", "", *_table(_NAIVE), "", _MEASUREMENT, "## Shared objects", ""]  # fmt: skip
+    lines = [
+        _INTRO,
+        *_table(_LEVELS),
+        "",
+        "Naive reference decoders (`reference` entries), timed in the same process on the same inputs:",
+        "",
+        *_table(_NAIVE),
+        "",
+        _MEASUREMENT,
+        "## Shared objects",
+        "",
+    ]
     for name, node in schema["$defs"].items():
         lines += _section(f"### `{name}`", name, node, notes)
     for title, node in _sections("", schema):

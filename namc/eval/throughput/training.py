@@ -32,10 +32,40 @@ logger = logging.getLogger(__name__)
 
 # words for synthetic descriptions: in the tiny presets' word vocabulary and ordinary English for CLIP's BPE
 _SYNTHETIC_WORDS = (
-    "a", "small", "large", "red", "blue", "green", "gray", "brown", "purple", "cyan", "yellow", "rubber", "metal",
-    "shiny", "matte", "cube", "sphere", "cylinder", "block", "ball", "object", "left", "right", "of", "behind", "in",
-    "front", "next", "to", "near", "the", "with", "on",
-)  # fmt: skip
+    "a",
+    "small",
+    "large",
+    "red",
+    "blue",
+    "green",
+    "gray",
+    "brown",
+    "purple",
+    "cyan",
+    "yellow",
+    "rubber",
+    "metal",
+    "shiny",
+    "matte",
+    "cube",
+    "sphere",
+    "cylinder",
+    "block",
+    "ball",
+    "object",
+    "left",
+    "right",
+    "of",
+    "behind",
+    "in",
+    "front",
+    "next",
+    "to",
+    "near",
+    "the",
+    "with",
+    "on",
+)
 
 
 def synthetic_pretrain_batch(

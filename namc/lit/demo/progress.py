@@ -108,8 +108,10 @@ class EpochProgress(Callback):
         self._epoch_times.append(seconds)
         total = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
         train_s = max(seconds - self._val_s, 1e-9)
-        parts = [f"epoch {trainer.current_epoch + 1}{total}", f"{self._steps} steps in {train_s:.1f} s "
-                 f"({self._steps / train_s:.1f} it/s)"]  # fmt: skip
+        parts = [
+            f"epoch {trainer.current_epoch + 1}{total}",
+            f"{self._steps} steps in {train_s:.1f} s ({self._steps / train_s:.1f} it/s)",
+        ]
         if self._loss_sum is not None:
             parts.append(f"loss {float(self._loss_sum) / self._steps:.3f}")
         if self._val_s:

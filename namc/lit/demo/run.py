@@ -72,8 +72,10 @@ def _announce(say: Callable[[str], None], expected: dict[str, float] | None) -> 
         say(f"namc demo: 5 stages with custom settings (no time estimate); this machine has {cores} CPU cores")
         return
     stages = ", ".join(f"{_TITLES[k]} {clock(v)}" for k, v in expected.items())
-    say(f"namc demo: 5 stages, {expected_total(expected)} of wall time on a 2-core CPU ({stages}); this machine has "
-        f"{cores} CPU cores")  # fmt: skip
+    say(
+        f"namc demo: 5 stages, {expected_total(expected)} of wall time on a 2-core CPU ({stages}); this machine has "
+        f"{cores} CPU cores"
+    )
 
 
 @contextlib.contextmanager
@@ -105,12 +107,28 @@ def _generate_data(out: Path, s: DemoSettings, seed: int, workers: int, progress
     data = out / "data"
     if data.exists():
         shutil.rmtree(data)
-    corpus = generate_corpus(data / "corpus", s.corpus_pairs, s.image_size, seed, s.noise_rate, workers=workers,
-                             progress=progress)  # fmt: skip
-    held_out = generate_corpus(data / "corpus_val", s.corpus_val_pairs, s.image_size, seed + 1, s.noise_rate,
-                               workers=workers, progress=progress)  # fmt: skip
-    bench = generate_benchmark(data / "clevr_change", s.benchmark_pairs, s.image_size, seed, s.captions_per_pair,
-                               splits=s.benchmark_splits, workers=workers, progress=progress)  # fmt: skip
+    corpus = generate_corpus(
+        data / "corpus", s.corpus_pairs, s.image_size, seed, s.noise_rate, workers=workers, progress=progress
+    )
+    held_out = generate_corpus(
+        data / "corpus_val",
+        s.corpus_val_pairs,
+        s.image_size,
+        seed + 1,
+        s.noise_rate,
+        workers=workers,
+        progress=progress,
+    )
+    bench = generate_benchmark(
+        data / "clevr_change",
+        s.benchmark_pairs,
+        s.image_size,
+        seed,
+        s.captions_per_pair,
+        splits=s.benchmark_splits,
+        workers=workers,
+        progress=progress,
+    )
     return {"corpus": corpus, "corpus_val": held_out, "benchmark": bench}
 
 
@@ -171,9 +189,15 @@ def _quiet() -> None:
 
 
 def run_demo(
-    out: str | Path = "runs/demo", *, fast: bool = False, seed: int = 0, workers: int | None = None,
-    settings: DemoSettings | None = None, progress: bool = True, bars: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    out: str | Path = "runs/demo",
+    *,
+    fast: bool = False,
+    seed: int = 0,
+    workers: int | None = None,
+    settings: DemoSettings | None = None,
+    progress: bool = True,
+    bars: bool = False,
+) -> dict[str, Any]:
     """Run the demo and return its report (also written to ``<out>/report.json``).
 
     Args:
@@ -218,8 +242,9 @@ def run_demo(
     with _stage(timings, "evaluation", line, say, expected):
         caption, frequent, _ = frequent_caption_baseline(out / "data" / "clevr_change", s.image_size)
         png = out / "relevance_maps.png"
-        noise = noise_identification(runs / "pretrain" / "model", out / "data" / "corpus_val" / "manifest.jsonl",
-                                     png, batch_size=64)  # fmt: skip
+        noise = noise_identification(
+            runs / "pretrain" / "model", out / "data" / "corpus_val" / "manifest.jsonl", png, batch_size=64
+        )
     timings["total"] = time.perf_counter() - start
 
     test_path = Path(fine.trainer.log_dir) / "captions" / "test.json"
@@ -264,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    report = run_demo(args.out, fast=args.fast, seed=args.seed, workers=args.workers, progress=not args.quiet,
-                      bars=args.verbose)  # fmt: skip
+    report = run_demo(
+        args.out, fast=args.fast, seed=args.seed, workers=args.workers, progress=not args.quiet, bars=args.verbose
+    )
     print(format_report(report))
     return 0

@@ -128,8 +128,14 @@ def _trainer(root: Path, name: str, epochs: int, val_every: int, monitor: str | 
     ]
     checkpoints = str(root / name / "checkpoints")
     if monitor:  # the best so far; with save_last, Lightning would write last.ckpt only when the best improves
-        best = {"dirpath": checkpoints, "monitor": monitor, "mode": "max", "save_top_k": 1,
-                "filename": "best-epoch{epoch:02d}", "auto_insert_metric_name": False}  # fmt: skip
+        best = {
+            "dirpath": checkpoints,
+            "monitor": monitor,
+            "mode": "max",
+            "save_top_k": 1,
+            "filename": "best-epoch{epoch:02d}",
+            "auto_insert_metric_name": False,
+        }
         callbacks.append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": best})
     last = {"dirpath": checkpoints, "save_last": True}  # last.ckpt after every validation (or epoch): to resume
     callbacks.append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": last})

@@ -42,8 +42,15 @@ def build(out: Path) -> dict:
     torch.manual_seed(0)
     work = Path(tempfile.mkdtemp(prefix="namc-golden-"))
     generate_corpus(work / "corpus", 16, image_size=64, seed=0, noise_rate=0.3)
-    dm = CorpusDataModule(train=str(work / "corpus" / "manifest.jsonl"), batch_size=8, num_workers=0,
-                          image_size=64, max_text_len=48, max_caption_len=32, shuffle_buffer=8)  # fmt: skip
+    dm = CorpusDataModule(
+        train=str(work / "corpus" / "manifest.jsonl"),
+        batch_size=8,
+        num_workers=0,
+        image_size=64,
+        max_text_len=48,
+        max_caption_len=32,
+        shuffle_buffer=8,
+    )
     module = PretrainModule(model="namc_tiny", overrides=OVERRIDES, seed=0, warmup_steps=0)
     trainer = pl.Trainer(
         accelerator="cpu",
