@@ -5,6 +5,7 @@
     namc describe first.png second.png --model DIR   # core install
     namc benchmark ...                             # core install: throughput (namc.eval.throughput)
     namc data ...                                  # core install: corpus and shapes-world tools (namc.data.cli)
+    namc convert-clip ViT-B-16.pt clip.safetensors # core install: OpenAI's CLIP as open_clip safetensors
     namc eval predictions.json references.json     # caption metrics (pycocoevalcap: the [train] extra)
     namc fit | validate | test | predict --config ...   # LightningCLI (the [train] extra)
     namc demo [--fast]                             # shapes world end to end (the [train] extra)
@@ -12,9 +13,9 @@
     namc experiment run STUDY.yaml                 # ablation studies over seeds (the [train] extra)
     namc analyze reconstruction|relevance ...      # Table 9, Figures 6-8 (the [train] extra)
 
-``namc describe`` and ``namc benchmark`` work with the core install alone (no Lightning, jsonargparse,
-pycocoevalcap, TensorBoard or matplotlib is imported); the training commands say which extra to install when it is
-missing.
+``namc describe``, ``namc benchmark`` and ``namc convert-clip`` work with the core install alone (no Lightning,
+jsonargparse, pycocoevalcap, TensorBoard or matplotlib is imported); the training commands say which extra to install
+when it is missing.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ Other commands:
   data       build and inspect corpora and the shapes world (namc data --help)
   eval       caption metrics of a predictions file (namc eval --help)
   benchmark  throughput: generated tokens/s, parameters, memory (namc benchmark --help)
+  convert-clip  OpenAI's CLIP checkpoint (ViT-B-16.pt) as the open_clip .safetensors file namc loads
 
 Building a pre-training corpus (namc curate --help; needs namc[curate], and namc[train] for embed):
   curate     embed images, mine similar pairs, caption and describe pairs with an LLM server, filter, audit
@@ -58,6 +60,7 @@ _COMMANDS: dict[str, tuple[str, str | None]] = {
     "describe": ("namc.describe_cli", None),
     "benchmark": ("namc.eval.throughput", None),
     "data": ("namc.data.cli", None),
+    "convert-clip": ("namc.convert_cli", None),
     "eval": ("namc.eval.captions", "train"),
     "demo": ("namc.lit.demo", "train"),
     "curate": ("namc.curate.cli", "curate"),

@@ -4,21 +4,18 @@
 PyTorch allocates CPU tensors with the C library's ``malloc``. glibc serves every block above its mmap threshold
 (at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, so each such tensor starts on pages the kernel has
 to fault in and zero, one 4 KiB page at a time. Batched inference makes those tensors at every layer: namc_base at
-batch 32 has (64, 196, 3072) FFN activations in MIR (154 MB) and ResNet-101 feature maps of 40-100 MB. On two AMD
-EPYC threads (one process each way): a GELU over that FFN activation 51.4 -> 13.1 ms, a LayerNorm over (64, 196, 768)
-12.3 -> 2.8 ms, an addition 10.9 -> 1.8 ms.
+batch 32 has (64, 196, 3072) FFN activations in MIR (154 MB) and ResNet-101 feature maps of 40-100 MB, and an
+elementwise pass over one of them on fresh pages takes several times as long as on reused ones.
 
 :func:`reuse_freed_memory` makes glibc keep freed blocks for the next allocation instead (``mallopt``: no mmap for
 large blocks, no trimming of the heap's top), as the jemalloc / tcmalloc settings often recommended for PyTorch CPU
-inference do. Measured, namc_base alone in a process, batch 32, two threads, one process per setting alternating:
-``precision="int8"`` end to end from pixels 3.38 / 3.44 / 4.45 -> 2.66 / 2.62 / 3.51 s (1.27-1.31x; MIR 1.6-2.3 ->
-1.1-1.7 s) for 0.3-0.4 GB more peak memory; fp32 11.9 / 11.3 / 11.8 -> 10.5 / 11.4 / 12.1 s, no gain (the grid
-faster, MIR and decoding slower). What a process allocated before matters as much: after building the CLIP4IDC peer,
-namc's int8 run took 2.7-2.8 s either way, which is why ``namc benchmark`` leaves the allocator alone unless
-``--allocator reuse``. It is a setting of the whole process, and freed memory is not given back to the system while
-it runs, so namc never applies it on import: call it at the start of a process that captions large batches in int8.
-Elsewhere (another C library, or an allocator preloaded with ``LD_PRELOAD``, whose own settings then rule) it
-changes nothing and says so.
+inference do. It makes namc_base's int8 captioning at batch 32 about 1.3x faster end to end, for a few hundred MB
+more peak memory, and gains nothing in fp32 (docs/performance.md). What a process allocated before matters as much
+(after building the CLIP4IDC peer, namc's int8 run is as fast either way), which is why ``namc benchmark`` leaves
+the allocator alone unless ``--allocator reuse``. It is a setting of the whole process, and freed memory is not
+given back to the system while it runs, so namc never applies it on import: call it at the start of a process
+that captions large batches in int8. Elsewhere (another C library, or an allocator preloaded with ``LD_PRELOAD``,
+whose own settings then rule) it changes nothing and says so.
 """
 
 from __future__ import annotations

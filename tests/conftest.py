@@ -1,9 +1,14 @@
-"""Every test starts from the same random state.
+"""Every test starts from the same random state, and a test that is not marked ``slow`` stays fast.
 
 This torch build seeds its default generator differently in every process, so a test that initialises a layer or
 draws data without its own generator would see different numbers in every run: a failure that cannot be replayed.
 Seeding before each test makes the suite deterministic in any order (tests still seed their own generators where
 the numbers matter).
+
+``python -m pytest -q`` is the fast tier: the default options deselect ``slow``. ``python -m pytest -q -m ""`` is the
+full tier. A test that takes longer than ``--slow-limit`` seconds (setup and call together, so an expensive
+module-scoped fixture is charged to the first test that uses it) fails unless it is marked ``slow``: the fast tier
+stays fast because nothing slips into it unnoticed.
 """
 
 from __future__ import annotations
@@ -13,6 +18,49 @@ import random
 import numpy as np
 import pytest
 import torch
+
+SLOW_LIMIT_S = 5.0  # the fast tier's budget per test; the ``slow`` marker's description in pyproject.toml names it
+_SETUP_S = pytest.StashKey[float]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow-limit",
+        type=float,
+        default=SLOW_LIMIT_S,
+        metavar="SECONDS",
+        help=f"fail a test not marked slow whose setup and call take longer than this (default {SLOW_LIMIT_S:g}; "
+        "0 turns the check off, e.g. under a debugger or coverage)",
+    )
+
+
+def over_the_limit(setup_s: float, call_s: float, limit_s: float, marked_slow: bool) -> str | None:
+    """The failure message for a test that took ``setup_s + call_s`` seconds, or None when the test may take that."""
+    took = setup_s + call_s
+    if marked_slow or limit_s <= 0 or took <= limit_s:
+        return None
+    return (
+        f"took {took:.1f} s (setup {setup_s:.1f} s + call {call_s:.1f} s), over the fast tier's {limit_s:g} s: "
+        "mark it `slow` (and add a fast test of the same logic)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201 (a hook wrapper)
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when == "setup":
+        item.stash[_SETUP_S] = report.duration
+    elif report.when == "call" and report.passed:
+        message = over_the_limit(
+            item.stash.get(_SETUP_S, 0.0),
+            report.duration,
+            item.config.getoption("--slow-limit"),
+            item.get_closest_marker("slow") is not None,
+        )
+        if message is not None:
+            report.outcome = "failed"
+            report.longrepr = f"{item.nodeid} {message}"
 
 
 @pytest.fixture(autouse=True)

@@ -98,7 +98,7 @@ def test_missing_pretrained_model_names_the_pretraining_run(tmp_path: Path, monk
 def test_missing_weights_name_the_config_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     # jsonargparse reports a failing constructor as a ValueError that carries our message
-    with pytest.raises((FileNotFoundError, ValueError), match=r"overrides.clip_pretrained.*convert_openai_clip"):
+    with pytest.raises((FileNotFoundError, ValueError), match=r"overrides.clip_pretrained.*namc convert-clip"):
         NAMCCLI(args=["--config", str(REPO / "configs" / "pretrain" / "namc_base.yaml")], run=False)
 
 

@@ -1,6 +1,7 @@
-"""Golden artefacts saved before the architecture redesign (tests/data/golden, made by make_golden.py at 32d0a2e):
-a namc_tiny saved by ``save_pretrained`` and a Lightning pre-training checkpoint must still load strictly, decode
-the same ids, give the same E_MIR and the same pre-training losses on the same batch and masks."""
+"""Golden artefacts kept fixed in the repository (tests/data/golden, written once by make_golden.py): a namc_tiny
+saved by ``save_pretrained`` and a Lightning pre-training checkpoint must still load strictly, decode the same ids,
+give the same E_MIR and the same pre-training losses on the same batch and masks, so that files saved by earlier
+versions of namc keep working."""
 
 from __future__ import annotations
 

@@ -257,7 +257,7 @@ def test_paper_vqgan_gives_196_codes_at_224(config, codes):
 
 def test_vqgan_codes_ignore_a_callers_autocast(tmp_path, tiny_ckpt):
     # MIR's targets: bf16-mixed training tokenizes images inside autocast, where a bf16 encoder and bf16 distances
-    # picked other codes than the fp32 ones `namc data precompute` stores (6 of these 1,024 before the fix)
+    # would pick other codes than the fp32 ones `namc data precompute` stores (6 of these 1,024)
     path = tmp_path / "last.ckpt"
     torch.save(tiny_ckpt, path)
     tokenizer = VQGANTokenizer(**VQGAN_TINY_F8_64, pretrained=str(path))

@@ -219,7 +219,7 @@ def test_fused_memory_never_reads_masked_content(tokenizer, fusion):
 def test_generate_checks_its_inputs(model):
     model.eval()
     x = torch.rand(2, 3, 64, 64)
-    for precision in ("fp32", "int8"):  # int8 used to broadcast (2, 1) against (1, 2) into two captions
+    for precision in ("fp32", "int8"):  # int8 must not broadcast (2, 1) against (1, 2) into two captions
         with pytest.raises(ValueError, match="different numbers of pairs"):
             model.generate(x, x[:1], precision=precision)
         assert model.generate(x[:0], x[:0], precision=precision) == []
@@ -351,7 +351,7 @@ def test_clip_checkpoint_in_open_clip_layout_loads(tmp_path, tokenizer):
     torch.save(sd, path)
     with pytest.raises(WeightsError, match="visual.conv1.weight"):
         namc.create_model("namc_tiny", tokenizer=tokenizer, clip_pretrained=str(path))
-    with pytest.raises(FileNotFoundError, match="convert_openai_clip"):
+    with pytest.raises(FileNotFoundError, match="namc convert-clip"):
         namc.create_model("namc_tiny", tokenizer=tokenizer, clip_pretrained=str(tmp_path / "missing.safetensors"))
 
 

@@ -468,7 +468,7 @@ def test_dense_leaves_the_private_onednn_op_out_of_compiled_graphs(monkeypatch):
 @pytest.mark.slow
 def test_compiled_step_runs_at_batch_1_and_8(one_thread, monkeypatch):
     """torch.compile of the decoding step with the oneDNN path enabled for every matrix (as namc_base's large
-    ones are): batch 1 and batch 8 (where the private op used to crash the compiled graph) equal eager decoding.
+    ones are): batch 1 and batch 8 (where the private op inside a compiled graph would crash it) equal eager decoding.
     Compiling takes about a minute on 2 cores; the fast test above covers the guard."""
     monkeypatch.setattr(onednn, "MIN_WEIGHT", 0)
     torch.manual_seed(6)

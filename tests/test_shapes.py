@@ -161,7 +161,7 @@ def test_noise_labels_point_at_exactly_the_injected_words() -> None:
 
 def test_noise_never_fails_on_scenes_of_every_colour() -> None:
     """With ``--max-objects 8`` an image can hold all 8 colours, leaving no colour to hallucinate an object in: such
-    a phrase becomes scenery (pair 450 of seed 0 at 7-8 objects used to raise IndexError)."""
+    a phrase becomes scenery (pair 450 of seed 0 at 7-8 objects is such a scene)."""
     full = 0
     for i in range(460):
         pair = make_pair(0, i, "corpus", min_objects=7, max_objects=8)

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 # Part weights a preset may load (NAMCConfig fields) and where a user gets each file.
 _PART_HINTS = {
     "clip_pretrained": "CLIP ViT-B/16 in open_clip layout: convert OpenAI's ViT-B-16.pt once with "
-    "`python tools/convert_openai_clip.py ViT-B-16.pt weights/clip_vit_b16.safetensors`",
+    "`namc convert-clip ViT-B-16.pt weights/clip_vit_b16.safetensors`",
     "grid_pretrained": "ImageNet ResNet-101 (torchvision's resnet101-63fe2227.pth or timm's resnet101.tv_in1k "
     "model.safetensors)",
     "vqgan_pretrained": "taming-transformers' VQGAN f16-16384 last.ckpt (vqgan_imagenet_f16_16384)",

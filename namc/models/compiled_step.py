@@ -4,45 +4,30 @@ By default the step's weights are *frozen* into the compiled code: they are buff
 (:class:`FrozenStep`) compiled under inductor's ``freezing``, which treats a compiled module's parameters and buffers
 as constants. On a CPU inductor then lays every matrix out once for oneDNN and fuses each residual addition into its
 product; with the weights as inputs of the graph every product is a plain BLAS call, slower than eager decoding's
-oneDNN kernel from 8 rows up. namc_base's decoding, the frozen step compiled against eager (23 tokens, random weights,
-two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``, one process alternating; docs/throughput.md, sessions 24, 37 and
-40; the last on an EPYC with AVX2 only, where bf16 runs as fp32):
+oneDNN kernel from 8 rows up. Eager decoding reorders its matrices for oneDNN too (:mod:`namc.models.packed_step`)
+and runs its small products on one thread (:mod:`namc.models.threads`), so the compiled step decodes at about eager's
+speed on a CPU (docs/performance.md).
 
-===================================  ===========  ===========  ===========  ===========  ===========  ===========
-compiled / eager                     fp32, b 1    fp32, b 8    fp32, b 32   bf16, b 1    bf16, b 8    bf16, b 32
-===================================  ===========  ===========  ===========  ===========  ===========  ===========
-AVX2 EPYC (547ba9c), one run         0.98x        0.96x        1.01x
-eager reordered (abbc8e5), one run   1.02x        0.96x        1.15x
-session 37 (86db03a), two runs       0.84-0.88x   1.11-1.18x   1.13-1.18x   0.94-0.97x   0.93-0.96x   0.97-1.05x
-session 24 (3abe18f), two runs       1.38-1.52x                1.14-1.15x   0.97-1.02x                1.02-1.05x
-===================================  ===========  ===========  ===========  ===========  ===========  ===========
+fp32's ids are eager's to the bit; bf16's fused kernels round differently, so on random weights, whose runners-up
+are close, some tokens at batch 8 and 32 differ. An int8 copy's step is refused (``ValueError``): the compiler cannot
+trace its packed int8 layers, so each one breaks the graph and the step decodes slower than eager; on the plain
+kernels (:func:`namc.models.qlinear.int8_kernels`) dynamo fails, and made opaque ops the whole graph gains nothing
+measurable. Eager int8 is the fastest decoding.
 
-fp32's ids are eager's to the bit; bf16's fused kernels round differently, and on random weights, whose runners-up
-are close, 1.6-12.5% of the tokens at batch 8 and 32 differed (none at batch 1). At batch 1 the compiler takes the
-batch size as a constant and inductor runs the matrices on MKL's packed GEMM, where eager runs oneDNN's kernel and,
-since session 32, its small products on one thread (a profile of one generation: 343 ms of MKL products against
-eager's 314 ms of products, and the compiled step's own calls and guards 40 ms). From a few rows up the compiled
-step gained mostly by inductor's reordering of the matrices for oneDNN, which eager decoding now does too
-(:mod:`namc.models.packed_step`; the first row of the table, against that eager step). An int8 copy's step is
-refused (``ValueError``): the compiler cannot trace its packed int8 layers, so each one broke the graph and the step
-ran 0.49-0.72x eager's speed at batch 1-32 (session 37; 0.72-0.84x in session 24), and on the plain kernels
-(:func:`namc.models.qlinear.int8_kernels`) it crashed in dynamo; made opaque ops, the whole graph decoded only
-1.00-1.04x faster than eager (session 25). Eager int8 is the fastest decoding.
-
-Frozen weights are copies laid out at compile time (namc_base's fp32 step at batch 1 raised the process's peak memory
-by about 500 MB), so :class:`CompiledStep` fingerprints FDG's parameters before every generation and compiles again
-when one of them was replaced or changed in place (an optimiser step, ``load_state_dict``, ``.to()``) or
+Frozen weights are copies laid out at compile time (about 500 MB more peak memory for namc_base's fp32 step), so
+:class:`CompiledStep` fingerprints FDG's parameters before every generation and compiles again when one of them was
+replaced or changed in place (an optimiser step, ``load_state_dict``, ``.to()``) or
 :meth:`~namc.models.fdg.FDG.pack_step` ran again.
 
 A step compiles four graphs at most: batch 1 and any larger batch (``dynamic=True`` specialises sizes 0 and 1), each
 for the first token (an empty cache) and the rest. Nothing in the step tests a size while it is traced (the thread
 and kernel choices by size in :mod:`namc.models.threads` and :mod:`namc.models.layers` stand aside under
-``torch.compiler.is_compiling()``): each such test had guarded the graph to one side of it (odd batch sizes, more
-than 32 rows of a 512-wide FFN), so that a process captioning batches of many sizes compiled again and again. Dynamo
-keeps compiled graphs, and counts them against ``torch._dynamo.config.recompile_limit`` (8), per code object, dead
-ones included; with one ``forward`` for every :class:`FrozenStep` the third version of the weights ran its step
-eagerly for the rest of the process, with a warning. Each :class:`FrozenStep` now has a ``forward`` of its own
-(unfrozen steps share ``FDG._fused_step`` and its graphs: their weights are inputs).
+``torch.compiler.is_compiling()``): each such test would guard the graph to one side of it (odd batch sizes, more
+than 32 rows of a 512-wide FFN), so that a process captioning batches of many sizes would compile again and again.
+Dynamo keeps compiled graphs, and counts them against ``torch._dynamo.config.recompile_limit`` (8), per code object,
+dead ones included; so each :class:`FrozenStep` has a ``forward`` of its own, or the third version of the weights
+would run its step eagerly for the rest of the process (unfrozen steps share ``FDG._fused_step`` and its graphs:
+their weights are inputs).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ open_clip.add_model_config(_CONFIG_DIR)
 CLIP_HINT = (
     "an open_clip-layout CLIP state dict (.safetensors, or a .bin/.pt state dict readable with weights_only=True). "
     "For the paper's ViT-B/16 download OpenAI's ViT-B-16.pt and convert it once with "
-    "`python tools/convert_openai_clip.py ViT-B-16.pt clip_vit_b16.safetensors`, or use open_clip's "
+    "`namc convert-clip ViT-B-16.pt clip_vit_b16.safetensors`, or use open_clip's "
     "`open_clip_model.safetensors` of `timm/vit_base_patch16_clip_224.openai`."
 )
 

@@ -34,6 +34,7 @@ from namc.models.layers import StepWeights as _StepWeights
 from namc.models.packed_step import fp32_step_weights
 from namc.models.qlinear import int8_linear, int8_worthwhile
 from namc.models.shortlist import Shortlist, greedy_ids
+from namc.thresholds import CROSS_KV_BF16_MIN  # read at each call: patchable here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +66,6 @@ class FDGConfig:
     mlp_ratio: float = 4.0
     dropout: float = 0.1
     tie_embeddings: bool = True
-
-
-# an int8 copy keeps a generation's cross-attention keys / values in bf16 from a (B, N, D) memory of this many
-# elements up, 4 MB of fp32 keys a layer (cross_kv, pack_step)
-CROSS_KV_BF16_MIN = 2**20
 
 
 class FDG(nn.Module):
@@ -240,22 +236,18 @@ class FDG(nn.Module):
         - ``"int8"``: dynamic int8 layers (per-channel weight scales, activations quantised per call).
         - ``"bf16"``: on a CPU with oneDNN, the bf16 matrices reordered once into oneDNN's blocked layout
           (``torch.ops.mkldnn._reorder_linear_weight``); fp32 ones (too small to gain from bf16,
-          :func:`~namc.models.onednn.bf16_worthwhile`) stay. A plain bf16 weight is reordered at every call: for
-          namc_base's 49409 x 768 vocabulary that costs more than the product at batch >= 8 (one thread: 10.5 vs
-          17.9 ms at batch 8, 15.9 vs 24.9 at 32, equal at 1; the layer matrices about 1.6x at batch >= 8). Without
-          oneDNN, or where it has no bf16 here (:func:`~namc.models.onednn.bf16_supported`), nothing changes.
+          :func:`~namc.models.onednn.bf16_worthwhile`) stay. A plain bf16 weight is reordered at every call, which
+          for namc_base's 49409 x 768 vocabulary costs more than the product from batch 8. Without oneDNN, or where
+          it has no bf16 here (:func:`~namc.models.onednn.bf16_supported`), nothing changes.
 
         The prefill (cross-attention keys/values of the memory, once per generation) stays in the weights' dtype in
-        bf16 and becomes a dynamic int8 layer in int8: in fp32 it took 28% of namc_base's int8 decoding at batch 32
-        (two AMD EPYC threads; 15% in bf16). In int8, where oneDNN has bf16 on this CPU (its own check), the
-        keys/values it writes are kept in bf16 from a memory of ``CROSS_KV_BF16_MIN`` elements up (namc_base's
-        from 7 pairs), and each step's cross-attention reads them in bf16 as two batched products
-        (:func:`~namc.models.layers.attend_one`): with fp32 keys/values the one-query attention over namc_base's 196
-        memory positions was 23% of int8 decoding at batch 32, bound by reading 38.5 MB of keys/values per layer and
-        step (1.71 ms; 0.67 ms in bf16). Decoding 1.08-1.11x faster at batch 32, 1.19x at 64; over memories of
-        widths 32-768, 1.00-1.26x from 2^20 elements and 0.70-1.12x (median 0.93x) below, so fp32 there. With AMX
-        the int8 prefill runs in bf16 on the tiles, as MIR does, writing bf16 keys / values at any size (namc_base,
-        two Xeon threads: 2.21-3.12x at 32 pairs, 1.26-1.34x at 1; decoding 1.08-1.21x at batch 32)."""
+        bf16 and becomes a dynamic int8 layer in int8, since in fp32 it would be a large share of int8 decoding. In
+        int8, where oneDNN has bf16 on this CPU (its own check), the keys/values it writes are kept in bf16 from a
+        memory of :data:`~namc.thresholds.CROSS_KV_BF16_MIN` elements up (namc_base's from 7 pairs), and each
+        step's cross-attention reads them in bf16 as two batched products (:func:`~namc.models.layers.attend_one`):
+        that attention is bound by reading the keys/values, so half the bytes pay from there, and fp32's fused
+        kernel is as fast below. With AMX the int8 prefill runs in bf16 on the tiles, as MIR does, writing bf16 keys
+        / values at any size (figures in docs/performance.md)."""
         if precision not in ("int8", "bf16"):
             raise ValueError(f"pack_step packs 'int8' or 'bf16' weights, not {precision!r}")
         vocab = self._vocab()

@@ -106,7 +106,7 @@ def load_error_advice(path: Path, exc: BaseException) -> str:
     if "TorchScript" in str(exc):
         return (
             " If it is OpenAI's CLIP (e.g. ViT-B-16.pt), convert it once with "
-            f"`python tools/convert_openai_clip.py {path} <out>.safetensors` and pass the .safetensors file."
+            f"`namc convert-clip {path} <out>.safetensors` and pass the .safetensors file."
         )
     if _refused_global(exc):
         target = path.with_suffix(".safetensors")

@@ -19,6 +19,7 @@ from torch import nn
 
 from namc.models import onednn, threads
 from namc.models.qlinear import int8_linear, int8_worthwhile
+from namc.thresholds import GELU_ATEN_MAX, SERIAL_FLOPS
 
 
 class KVCache:
@@ -60,10 +61,10 @@ def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     True where a key may be attended.
 
     For a single query, the CPU kernel behind ``scaled_dot_product_attention`` (flash attention, blocked for long
-    query sequences) is the slower choice: for 32 rows of 12 heads over 392 keys (one thread of an AMD EPYC with
-    AVX-512 BF16) 13.3 vs 2.1 ms in bf16, where this reads keys and values once and is bound by memory (fp32: 5.3
-    vs 4.1 ms, but under 10% over a whole decoding, so fp32 keeps the fused kernel; :func:`attend_step` says where
-    in bf16). The scores are rounded to the inputs' dtype before the softmax (the fused kernel keeps them in fp32).
+    query sequences) is the slower choice in bf16 (several times slower over hundreds of keys), where this reads keys
+    and values once and is bound by memory; in fp32 the gain is small over a whole decoding, so fp32 keeps the fused
+    kernel (:func:`attend_step` says where in bf16). The scores are rounded to the inputs' dtype before the softmax
+    (the fused kernel keeps them in fp32).
     """
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))  # (B, H, 1, S)
     if mask is not None:
@@ -84,35 +85,20 @@ def attend_sized(
 
 # 4 B H S E FLOPs of one query per row and head from which attend_step takes attend_one for bf16 keys and values:
 # where the fused bf16 kernel stops running on one thread (its threads rule), the size from which it loses
-ONE_QUERY_FUSED_FLOPS = threads.SERIAL_FLOPS["sdpa_bf16"]
+ONE_QUERY_FUSED_FLOPS = SERIAL_FLOPS["sdpa_bf16"]
 
 
 def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """A decoding step's attention, one query per row and head ((B, H, 1, E) over (B, H, S, E) -> (B, H, 1, E)), on
     the faster kernel (:func:`attend_sized`): ``F.scaled_dot_product_attention``, except for bf16 keys and values on
     a CPU from ``ONE_QUERY_FUSED_FLOPS`` up, where :func:`attend_one` is. PyTorch's fused bf16 kernel is quick for
-    small ones on one thread and slow on two: two AMD EPYC threads, 12 heads of 64 channels, medians in us, fused /
-    attend_one, under ``OMP_WAIT_POLICY=PASSIVE`` (the threshold is where the fused kernel takes its second thread)
-    and spinning:
-
-    ================  ========  ========  ========  ==========
-    keys, policy      1 row     2 rows    4 rows    8 rows
-    ================  ========  ========  ========  ==========
-    2, passive        12 / 19   18 / 24   29 / 66   51 / 82
-    8, passive        19 / 56   31 / 60   55 / 69   158 / 88
-    24, passive       39 / 60   103 / 67  147 / 82  236 / 113
-    196, passive      186 / 86  319 / 115 567 / 171 1107 / 278
-    2, spinning       15 / 19   26 / 24   45 / 62   82 / 69
-    24, spinning      30 / 57   50 / 60   92 / 69   177 / 85
-    196, spinning     134 / 71  262 / 89  551 / 152 1132 / 229
-    ================  ========  ========  ========  ==========
+    small ones on one thread and slow on two, whether idle threads sleep or spin: the threshold is where the fused
+    kernel takes its second thread (figures in docs/performance.md).
 
     fp32 keeps the fused kernel at every size (bit for bit the module path's attention), and so does a step being
     compiled (:mod:`namc.models.compiled_step`). So does bf16 on a CPU with AMX
-    (:func:`~namc.models.onednn.amx_bf16`), where the fused kernel runs its products on the tiles: on two Intel Xeon
-    threads with AMX (session 43, PASSIVE, 32 rows, 12 heads) fused / attend_one 1.38 / 2.02 ms over 196 keys and
-    2.05 / 3.63 over 392 (1.06 / 2.41 and 2.06 / 7.45 on one thread), and namc_base's bf16 decoding 1.04x faster at
-    batch 1, 1.14-1.17x at 4-32."""
+    (:func:`~namc.models.onednn.amx_bf16`), where the fused kernel runs its products on the tiles and is the faster
+    one."""
     if (
         k.is_cpu
         and k.dtype != torch.float32
@@ -202,22 +188,18 @@ class GELU(nn.GELU):
 
     In a block's feed-forward the GELU's input is the first layer's fresh output, which nothing else reads. In place
     it saves an activation-sized allocation, which above glibc's mmap threshold (at most 32 MiB) comes as fresh
-    pages to fault in and zero: namc_base's MIR at batch 32 has (64, 196, 3072) FFN activations, 154 MB. MIR of
-    the int8 copy at batch 32, two AMD EPYC threads, one process alternating the two, 6 calls each, three runs:
-    1659 -> 1619, 1742 -> 1641, 1680 -> 1617 ms (1.02-1.06x); bf16 1778 -> 1745 ms. Training keeps PyTorch's GELU,
-    whose backward reads the input.
+    pages to fault in and zero: namc_base's MIR at batch 32 has (64, 196, 3072) FFN activations, 154 MB. Training
+    keeps PyTorch's GELU, whose backward reads the input.
 
     Up to ``SERIAL_NUMEL`` elements on a CPU (a decoding step of up to 5 rows in namc_base), the GELU runs
     ATen's own kernel on a non-contiguous view of the same memory: PyTorch hands the exact GELU of a contiguous fp32
     or bf16 CPU tensor to oneDNN, which opens a parallel region at any size, and under ``OMP_WAIT_POLICY=PASSIVE``
-    waking the sleeping thread costs 60-70 us a call on 3072 elements against 3-7 us for ATen's kernel, which stays
-    on one thread up to that size (two AMD EPYC threads; from about 64K elements oneDNN is the faster). namc_base's
-    decoding at batch 1, one process alternating the two, 20 generations each, the same ids: int8 1.04-1.07x (five
-    runs), bf16 1.01-1.03x, fp32 0.99-1.01x (two each). The two kernels can differ in the last bit; ATen's values
-    are those of ``torch.backends.mkldnn.flags(enabled=False)``.
+    waking the sleeping thread costs many times the GELU itself, where ATen's kernel stays on one thread up to that
+    size. The two kernels can differ in the last bit; ATen's values are those of
+    ``torch.backends.mkldnn.flags(enabled=False)``.
     """
 
-    SERIAL_NUMEL = 16384  # ATen's exact GELU stays on one thread up to this many elements
+    SERIAL_NUMEL = GELU_ATEN_MAX  # ATen's exact GELU stays on one thread up to this many elements
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
@@ -239,8 +221,8 @@ class GELU(nn.GELU):
 class LayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` that runs on one thread where its input is small and OpenMP's idle threads sleep
     (:mod:`namc.models.threads`): PyTorch's CPU kernel opens a parallel region over the rows from a few rows up,
-    and waking the second thread costs more than normalising a decoding step's states (32 x 768: 48-56 us on two
-    AMD EPYC threads under ``OMP_WAIT_POLICY=PASSIVE``, 10-13 us on one). The same parameters, state dict and values.
+    and waking the second thread costs more than normalising a decoding step's states (a 32 x 768 input normalises
+    about 4x faster on one thread under ``OMP_WAIT_POLICY=PASSIVE``). The same parameters, state dict and values.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

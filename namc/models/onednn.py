@@ -8,13 +8,11 @@ and the public path is taken where the probe fails.
 
 Once BatchNorm is folded (:meth:`~namc.models.grid.GridEncoder.fold_batchnorm`), a ResNet block is conv -> ReLU ->
 conv -> ReLU -> conv -> + shortcut -> ReLU. Run module by module, every ReLU and every residual addition is a pass of
-its own over the activations: on namc_base's ResNet-101 grid in bf16 (one thread, 64 images of 224 px, the end to
-end benchmark's batch 32) the in-place ReLUs took 32% and the additions 15% of the grid's time, the convolutions
-48%. :func:`fuse_resnet` replaces the stem and every block with modules that call oneDNN's fused kernels
+its own over the activations, together about as long as the convolutions themselves (docs/performance.md).
+:func:`fuse_resnet` replaces the stem and every block with modules that call oneDNN's fused kernels
 (``torch.ops.mkldnn._convolution_pointwise``, the kernels inductor's freezing pass emits): convolution + ReLU, and
 convolution + shortcut addition + ReLU, with weights laid out once per input shape in oneDNN's blocked format (see
-:class:`FusedConv`). One bottleneck of layer1 (32 images, bf16, interleaved): 197 ms as modules, 76.5 ms fused; the
-output is the same up to rounding (identical on that block).
+:class:`FusedConv`). The output is the same up to rounding.
 
 The fused modules compute in their weights' dtype (bf16 or fp32) and cast their input to it. They hold opaque
 oneDNN tensors, so a fused encoder is for inference only: it cannot be saved, trained, moved or copied.
@@ -29,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from namc.models import threads
+from namc.thresholds import BF16_MIN_WEIGHT
+from namc.thresholds import FP32_ONEDNN_MIN_WEIGHT as MIN_WEIGHT  # dense's cut-off (patchable here)
 
 __all__ = [
     "FusedBlock",
@@ -108,11 +108,8 @@ class FusedConv(nn.Module):
 
     The weights are laid out in oneDNN's blocked format for each input shape met, from the shape itself
     (:data:`LAYOUTS` shapes are kept, the least recently used dropped): a layout chosen without the shape, or for
-    another batch, can differ from the one the kernel then picks, and every call reorders the weights again. On an
-    AMD EPYC (AVX-512 BF16, no AMX, two threads) namc_base's bf16 grid took 226 ms for 2 images with weights laid
-    out without a shape and 46 ms with them laid out for (2, C, H, W); in fp32, weights laid out for one image cost
-    204 against 83 ms at 2 images (a 1024 x 256 x 1 x 1 weight reordered from ``Acdb64a`` to ``Acdb48a`` at every
-    call).
+    another batch, can differ from the one the kernel then picks, and every call then reorders the weights again,
+    which can cost more than the convolution itself (docs/performance.md).
 
     Args:
         conv: a 2-d convolution with zero padding; its weights are kept (in their dtype) to lay out per input shape.
@@ -256,20 +253,10 @@ class OneDNNLinear(nn.Module):
         return linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias).view(*x.shape[:-1], -1)
 
 
-BF16_MIN_WEIGHT = 1 << 17  # bf16_worthwhile: a bf16 copy's decoding matrices from this many entries in bf16
-
-
 def bf16_worthwhile(weight: torch.Tensor) -> bool:
     """Whether a bf16 inference copy (:mod:`namc.models.precision`) gains from keeping ``weight`` (out, in) of FDG's
-    decoding step in bf16 rather than fp32: a matrix of at least :data:`BF16_MIN_WEIGHT` entries (read at each call).
-
-    oneDNN's prepacked bf16 product costs about 15 us a call however small (one EPYC thread, 1 x 32 x 32), where
-    ``F.linear`` of a small fp32 matrix takes 2-6 us. Through :func:`dense`, two AMD EPYC threads, PASSIVE, medians
-    of 300 calls, fp32 / bf16 us at 1 / 8 / 32 / 100 rows: 128 x 128 6/24, 9/24, 17/28, 39/40; 512 x 128 10/26,
-    24/30, 54/45, 209/88; 256 x 256 16/36, 30/40, 64/57, 174/99; 768 x 256 35/40, 62/52, 194/100, 391/233; 384 x 384
-    29/46, 66/51, 169/87, 370/287; 1536 x 384 61/48, 246/77, 515/251, 1370/716. So from about 2^17 entries bf16 wins
-    from 8 rows on; at one row it loses up to 17 us a call below about 2^19 entries (namc_base's smallest decoding
-    matrix has 589,824).
+    decoding step in bf16 rather than fp32: a matrix of at least :data:`~namc.thresholds.BF16_MIN_WEIGHT` entries
+    (read at each call), since oneDNN's bf16 call has a fixed cost that small products do not earn back.
     """
     return weight.numel() >= BF16_MIN_WEIGHT
 
@@ -279,9 +266,8 @@ def bf16_supported() -> bool:
     has AVX-512 BF16 or AMX (oneDNN's own check, a private op; False where this torch build lacks it).
 
     Without it (an AVX2-only CPU: AMD Zen 2-3, Intel's desktop and laptop chips since Alder Lake) oneDNN refuses bf16
-    reorders, and PyTorch's fallback kernels run bf16 far slower than fp32 (two AVX2 EPYC threads, session 38: a
-    32 x 768 by 768 x 8192 product 5.5x, a 3 x 3 convolution of 256 channels at 28 x 28 37x), so a bf16 copy keeps
-    every part in fp32 there (:mod:`namc.models.precision`).
+    reorders, and PyTorch's fallback kernels run bf16 several times slower than fp32 (docs/performance.md), so a
+    bf16 copy keeps every part in fp32 there (:mod:`namc.models.precision`).
     """
     global _BF16_OK
     if _BF16_OK is None:
@@ -297,8 +283,8 @@ _BF16_OK: bool | None = None
 
 def amx_bf16() -> bool:
     """Whether this CPU multiplies bf16 on AMX tiles (Intel Xeon since Sapphire Rapids), where oneDNN runs bf16 at
-    all (:func:`bf16_supported`). There, large bf16 products run 1.4-3x faster than PyTorch's dynamic int8 kernel
-    (which has no AMX path) and PyTorch's fused CPU attention runs its bf16 products on the tiles too, so a bf16 or
+    all (:func:`bf16_supported`). There, large bf16 products run faster than PyTorch's dynamic int8 kernel (which
+    has no AMX path) and PyTorch's fused CPU attention runs its bf16 products on the tiles too, so a bf16 or
     int8 copy picks other kernels (:func:`namc.models.layers.attend_step`, :mod:`namc.models.precision`). False where
     this torch build lacks the (private) check."""
     global _AMX_OK
@@ -338,16 +324,14 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     """``F.linear`` of (b, D_in) inputs during generation (``weight`` a packed int8 layer: that layer's call; a
     prepacked oneDNN bf16 matrix: oneDNN's kernel on it).
 
-    On a CPU in float32, with a matrix of at least 2^20 entries (namc_base's vocabulary projection, fused q/k/v and
-    FFN weights), it runs oneDNN's kernel at every batch size, which beats the default BLAS on these skinny products:
-    on a 2-core AMD EPYC with MKL, two threads under ``OMP_WAIT_POLICY=PASSIVE``, the 49409 x 768 vocabulary
-    projection of 1 row 5.2 vs 10.5 ms, of 2-4 rows 6.9-7.5 vs 22-24 ms, of 32 rows 36 vs 50 ms on one thread and
-    about 1.6x faster on two; the 768 x 2304 / 3072 and 3072 x 768 layer matrices 1.2-1.3x at 1 row, 1.3-2.2x at 2-8.
-    Small matrices favour ``F.linear``'s low-overhead path (768 x 768 of 1 row: 46 vs 72 us). Either result equals
-    ``F.linear`` up to float rounding.
+    On a CPU in float32, with a matrix of at least :data:`~namc.thresholds.FP32_ONEDNN_MIN_WEIGHT` entries
+    (namc_base's vocabulary projection, fused q/k/v and FFN weights), it runs oneDNN's kernel at every batch size,
+    which beats the default BLAS on these skinny products; small matrices favour ``F.linear``'s low-overhead path.
+    Either result equals ``F.linear`` up to float rounding.
 
     A product too small to gain from a second thread that would have to be woken runs on one
-    (:mod:`namc.models.threads`; oneDNN's fp32 kernel gains from two at every size measured).
+    (:mod:`namc.models.threads`); the large matrices on oneDNN's fp32 kernel keep every thread, which they gain from
+    at every batch size.
     """
     if isinstance(weight, nn.Module):
         return weight(x.float()).to(x.dtype)
@@ -390,6 +374,3 @@ def _kind(weight: torch.Tensor) -> str:
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-MIN_WEIGHT = 1 << 20  # dense: fp32 matrices from this many entries on oneDNN's kernel

@@ -5,18 +5,11 @@ oneDNN's kernel (namc_base's fused q/k/v, feed-forward and 49,409 x 768 vocabula
 ``F.linear``. Given a plain weight, oneDNN computes from it as it lies in memory; reordered once
 (``torch.ops.mkldnn._reorder_linear_weight``, what inductor does to a compiled step's frozen weights), the
 vocabulary projection runs faster from 2 rows up and the layer matrices from about 4, both a little slower at 1, and
-from 4 rows the reordered kernel also beats ``F.linear`` on namc_base's 768 x 768 matrices. One call, plain oneDNN /
-reordered oneDNN (/ ``F.linear``), us, two AMD EPYC threads, ``OMP_WAIT_POLICY=PASSIVE``, medians of 60-300 calls
-alternating (session 37): 49,409 x 768 at 1 / 2 / 4 / 8 / 32 rows 9495 / 9679, 11391 / 10263, 11213 / 7210, 12129 /
-8957, 19780 / 15771; 2304 x 768 214 / 267, 380 / 436, 363 / 289, 470 / 474, 1187 / 980; 768 x 3072 275 / 434, 427 /
-557, 525 / 542, 846 / 705, 1429 / 1187; 768 x 768 142 / 144 / 70, 182 / 147 / 258, 189 / 152 / 291, 296 / 270 / 342,
-405 / 362 / 458. namc_base's fp32 decoding (23 tokens, one process alternating, the same ids; three sittings),
-reordering its matrices of 2^20 entries or more: 0.91x at batch 1, 0.98-1.20x at 2, 1.19x at 4, 1.31x at 6,
-1.20-1.32x at 8, 1.10-1.19x at 32; the 768 x 768 ones too, against that (two runs): 1.10x / 1.04x at 4, 1.03x /
-1.03x at 8, 1.09x / 1.04x at 32.
+from 4 rows the reordered kernel also beats ``F.linear`` on namc_base's 768 x 768 matrices (docs/performance.md).
 
 So an eval-mode FDG in fp32 on a CPU decodes a batch of :data:`MIN_ROWS` rows or more on reordered copies of its
-matrices of :data:`MIN_WEIGHT` entries or more, made at its first such generation and kept (:class:`PackedStep`, in
+matrices of :data:`MIN_WEIGHT` entries or more (:data:`~namc.thresholds.REORDER_MIN_ROWS`,
+:data:`~namc.thresholds.REORDER_MIN_WEIGHT`), made at its first such generation and kept (:class:`PackedStep`, in
 FDG's ``__dict__``) until one of FDG's parameters is replaced or changed in place
 (:func:`~namc.models.precision._fingerprint`, as the inference copies are rebuilt): namc_base's take 228 MB (its
 inference weights 474 MB) and 92 ms to make. Training steps, other devices, bf16 and int8 copies (:meth:`FDG.pack_step
@@ -31,11 +24,10 @@ from torch import nn
 from namc.models import onednn
 from namc.models.layers import StepWeights
 from namc.models.precision import _fingerprint
+from namc.thresholds import REORDER_MIN_ROWS as MIN_ROWS  # read at each call, as MIN_WEIGHT is
+from namc.thresholds import REORDER_MIN_WEIGHT as MIN_WEIGHT
 
 __all__ = ["MIN_ROWS", "MIN_WEIGHT", "PackedStep", "fp32_step_weights", "reorders"]
-
-MIN_ROWS = 4  # a generation of this many rows or more decodes on the reordered matrices (read at each call)
-MIN_WEIGHT = 1 << 19  # ... of this many entries or more (namc_base's smallest decoding matrix, 768 x 768, has 589,824)
 
 
 def fp32_step_weights(fdg: nn.Module, rows: int) -> list[StepWeights]:

@@ -1,46 +1,37 @@
 """Inference precision: the ``precision`` option of :meth:`NAMC.generate`, ``namc describe`` and ``namc benchmark``.
 
-- ``fp32``: the model as it is (the default; bit-for-bit what namc always produced).
+- ``fp32``: the model as it is (the default).
 - ``bf16``: on a CPU, a copy of the inference path (grid encoder with BatchNorm folded into its convolutions, MIR,
   FDG) whose convolution and linear weights, and the vocabulary matrix, are stored in bfloat16 where bf16 pays:
   oneDNN runs them in bf16 (AVX-512 BF16 / AMX where the CPU has them). Each part is kept in the dtype it runs in and
-  casts what it takes (no autocast, which would run the fp32 parts in bf16 too; over namc_base's all-bf16 copy it
-  changed no value). The grid is bf16 wherever oneDNN's fused convolutions run (1.96-2.17x fp32's on the demo's
-  model). MIR is bf16 throughout (LayerNorms, positions, residual stream: its fp32 residual stream cost a cast at
-  every layer, 12-20% of MIR's time at batch 32) where its largest matrix has :data:`MIR_BF16_MIN_WEIGHT` (2^15)
-  entries, else fp32; FDG's layers (all or none) and its vocabulary matrix each in bf16 from
-  :data:`~namc.models.onednn.BF16_MIN_WEIGHT` (2^17) entries (:func:`~namc.models.onednn.bf16_worthwhile`: oneDNN's
-  bf16 call costs about 15 us however small), its LayerNorms and residual stream fp32 (its steps are bound by the
-  matrices, not the casts). namc_base is bf16 in every matrix. In bf16 throughout, random namc_tiny of width D, two
-  AMD EPYC threads, bf16 against fp32 at batch 1 / 8 / 32: MIR D 64 0.75 / 0.95 / 1.25x, D 128 0.96 / 1.18 / 1.51x,
-  D 256 1.12 / 1.61 / 1.99x; decoding D 32 0.49 / 0.59 / 0.57x, D 128 0.56 / 0.66 / 0.92x, D 256 1.03 / 1.24 /
-  1.35x, D 384 1.52 / 1.63 / 1.52x. Stored bf16 weights, not autocast over fp32 ones, which re-casts every weight at
-  every call: on namc_base's 49409 x 768 vocabulary projection (AMX Xeon, one thread) 48.7 ms at batch 1 and 57.3 ms
-  at batch 32, against 5.3 and 11.6 ms with stored bf16 weights and 10.6 and 29.7 ms in fp32. Two oneDNN
-  preparations follow, both done once per copy: the grid's convolutions run fused with their
-  ReLUs and residual additions (:mod:`namc.models.onednn`; namc_base's grid 1.6-1.9x faster, identical features)
-  and the decoding step's matrices are reordered into oneDNN's blocked layout (:meth:`FDG.pack_step
-  <namc.models.fdg.FDG.pack_step>`; decoding 1.4-1.5x faster at batch >= 4). The step's one-query attention runs
-  as two batched products (:func:`~namc.models.layers.attend_one`) wherever PyTorch's fused SDPA kernel would take
-  a second thread (:func:`~namc.models.layers.attend_step`): the fused kernel is 6x slower on it in bf16 at batch 32
-  (namc_base decoding 1.35x faster there on two AMD EPYC threads, 1.56x on one; same ids) and 2.2-3.3x slower on the
-  cross-attention at batch 1-4 (decoding 1.08-1.11x faster at batch 2-4); but for a CPU with AMX, where the fused
-  kernel runs on the tiles and is the faster one. On CUDA: ``torch.autocast`` over the model itself
-  (:func:`run_context`).
+  casts what it takes (no autocast, which would run the fp32 parts in bf16 too and re-cast every weight at every
+  call). The grid is bf16 wherever oneDNN's fused convolutions run. MIR is bf16 throughout (LayerNorms, positions,
+  residual stream: an fp32 residual stream would cost a cast at every layer) where its largest matrix has
+  :data:`~namc.thresholds.MIR_BF16_MIN_WEIGHT` entries, else fp32; FDG's layers (all or none) and its vocabulary
+  matrix each in bf16 from :data:`~namc.thresholds.BF16_MIN_WEIGHT` entries
+  (:func:`~namc.models.onednn.bf16_worthwhile`), its LayerNorms and residual stream fp32 (its steps are bound by the
+  matrices, not the casts). namc_base is bf16 in every matrix; a narrow model keeps its small parts in fp32, where
+  bf16 would be slower. Two oneDNN preparations follow, both done once per copy: the grid's convolutions run fused
+  with their ReLUs and residual additions (:mod:`namc.models.onednn`) and the decoding step's matrices are reordered
+  into oneDNN's blocked layout (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`). The step's one-query
+  attention runs as two batched products (:func:`~namc.models.layers.attend_one`) wherever PyTorch's fused SDPA
+  kernel would take a second thread (:func:`~namc.models.layers.attend_step`), where the fused kernel is the slower
+  one; but for a CPU with AMX, where the fused kernel runs on the tiles and is the faster one. On CUDA:
+  ``torch.autocast`` over the model itself (:func:`run_context`).
 - ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR (on a CPU with AMX, MIR in
-  bf16 as the bf16 copy runs it: :func:`mir_in_bf16`) and every matrix of FDG's
-  decoding step (the vocabulary projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's
-  x86 kernel: int8 weights with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
-  :mod:`namc.models.qlinear`), but for matrices under ``qlinear.INT8_MIN_WEIGHT`` (8,192) entries, which stay fp32
-  (int8 is no faster there: a narrow model's); attention stays fp32 but for
-  the decoder's cross-attention over a memory of 2^20 elements or more, which reads its keys / values in bf16
-  (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`; namc_base decoding 1.08-1.11x faster at batch 32). The
-  vocabulary projection above: 1.5 ms at batch 1, 12.6 ms at batch 32. The grid's convolutions run fused in fp32, or,
-  once :func:`calibrate_int8` has seen images, its stem and ResNet blocks in static int8 (:mod:`namc.models.qconv`: the
+  bf16 as the bf16 copy runs it: :func:`mir_in_bf16`) and every matrix of FDG's decoding step (the vocabulary
+  projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's x86 kernel: int8 weights
+  with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
+  :mod:`namc.models.qlinear`), but for matrices under :data:`~namc.thresholds.INT8_MIN_WEIGHT` entries, which stay
+  fp32 (int8 is no faster there: a narrow model's); attention stays fp32 but for the decoder's cross-attention over
+  a memory of :data:`~namc.thresholds.CROSS_KV_BF16_MIN` elements or more, which reads its keys / values in bf16
+  (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`). The grid's convolutions run fused in fp32, or, once
+  :func:`calibrate_int8` has seen images, its stem and ResNet blocks in static int8 (:mod:`namc.models.qconv`: the
   oneDNN kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales
-  from the calibration images). namc_base's grid, two AMD EPYC threads, 64 images: fp32 5.1-5.2 s, bf16 2.5-2.7 s,
-  static int8 1.3 s; features within 3.1% (relative L2) of fp32's. :class:`~namc.lit.finetune.FinetuneModule`
-  calibrates on training pairs, ``namc benchmark`` on its synthetic images.
+  from the calibration images). :class:`~namc.lit.finetune.FinetuneModule` calibrates on training pairs, ``namc
+  benchmark`` on its synthetic images.
+
+The speed of each precision on each part is in docs/performance.md.
 
 A calibration is saved with the model (``save_pretrained``): ``int8_calibration.json``, UTF-8 JSON
 ``{"format": "namc-int8-calibration/1", "peaks": [[...], ...]}``, one list per ResNet block of the largest activation
@@ -49,24 +40,17 @@ seen at its input, after each convolution but the last, at its output and out of
 
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
-weights. Quality against fp32 is measured, not assumed (tests/test_precision.py, the README; ``FinetuneModule
-(inference_precision=...)`` with ``namc eval --compare`` measures it on any test split). On the demo's test split
-(three namc_tiny models at width 32, 700 pairs each) bf16 changes 4.6-13.0% of the captions and int8 6.0-11.4%,
-with CIDEr-D +0.4 +- 1.1 and +1.6 +- 1.2 over fp32 (int8 with the static grid, calibrated on 64 training pairs, and
-the cross-attention keys / values in int8, read in bf16: 5.9-12.4%, +1.0 +- 1.3; all that with 8-bit activations:
-5.3-6.9%, +1.2 +- 1.1; and with the stem and MIR's fusion in int8 too: 4.7-7.4%, +0.8 +- 1.5); a caption changes
-where fp32's choice led its runner-up by a median 0.02 log-probability (at most 0.08 in bf16, 0.53 in int8;
-tools/precision_margins.py): the rounding flips near-ties between paraphrases. Folding BatchNorm alone changes no
-caption. Since every matrix under 8,192 entries stays fp32 (all of MIR's and FDG's at that width; session 34), int8
-changes 2.0-2.9% of those captions (the static grid's doing), CIDEr-D -0.1 +- 1.2; since bf16 keeps its small parts
-in fp32 (there MIR and FDG; session 35), bf16 changes 0.1-1.1%, CIDEr-D -0.06 +- 0.16.
+weights. Quality against fp32 is measured, not assumed (tests/test_precision.py; ``FinetuneModule
+(inference_precision=...)`` with ``namc eval --compare`` measures it on any test split): on the demo's models bf16
+and int8 change a few percent of the captions and move CIDEr-D by about a point either way. A caption changes where
+fp32's choice led its runner-up by a near-tie: the rounding flips near-ties between paraphrases. Folding BatchNorm
+alone changes no caption.
 
 A pair's fp32 caption does not depend on the batch it is captioned in (its logits move by float rounding only); its
-bf16 and int8 captions may: the decoding step's one-query attention switches kernels at 8 rows, int8's cross-attention
-keys / values switch to bf16 at 16, and its dynamic layers take one activation scale per call for all the call's rows.
-Between batch 1 and 100, bf16 kept 95.4-98.3% of the demo models' captions and int8 92.4-96.6% (99.4-99.7% and
-97.4-98.7% at width 128); batch-independent forms cost bf16 decoding 6-13% at batch 1 and int8's MIR 1.58x, so are
-not kept (the README's quality section).
+bf16 and int8 captions may: the decoding step's one-query attention switches kernels by size
+(:func:`~namc.models.layers.attend_step`), int8's cross-attention keys / values switch to bf16 by the memory's size,
+and its dynamic layers take one activation scale per call for all the call's rows. Batch-independent forms would
+slow bf16 decoding and int8's MIR (docs/performance.md), so namc does not use them.
 """
 
 from __future__ import annotations
@@ -88,6 +72,7 @@ from torch import nn
 from namc.models import onednn, qlinear
 from namc.models.files import ConfigError, atomic_write_text, read_json
 from namc.models.qlinear import int8_forms, int8_kernels
+from namc.thresholds import MIR_BF16_MIN_WEIGHT
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -107,7 +92,6 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16", "int8")
-MIR_BF16_MIN_WEIGHT = 1 << 15  # a bf16 copy runs MIR in bf16 where its largest matrix has this many entries
 CALIBRATION_FILE = "int8_calibration.json"  # a saved model's static int8 grid calibration (save_pretrained)
 _CALIBRATION_FORMAT = "namc-int8-calibration/1"
 
@@ -267,11 +251,10 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
 
 def mir_in_bf16(mir: nn.Module, int8: bool) -> bool:
     """Whether the bf16 copy (``int8`` False) or the int8 copy runs ``mir`` in bf16 throughout: the bf16 copy where
-    oneDNN has bf16 and MIR's largest matrix has :data:`MIR_BF16_MIN_WEIGHT` entries; the int8 copy likewise, but
-    only on a CPU with AMX (:func:`~namc.models.onednn.amx_bf16`), where MIR's products of hundreds of rows run
-    1.4-3x faster on the tiles in bf16 than in PyTorch's dynamic int8 (which has no AMX path): namc_base's MIR,
-    two Intel Xeon threads (session 43, PASSIVE), 32 pairs 2052 -> 1125 ms, 1 pair 51 -> 45 ms. Elsewhere the int8
-    copy's MIR is dynamic int8."""
+    oneDNN has bf16 and MIR's largest matrix has :data:`~namc.thresholds.MIR_BF16_MIN_WEIGHT` entries; the int8
+    copy likewise, but only on a CPU with AMX (:func:`~namc.models.onednn.amx_bf16`), where MIR's products of
+    hundreds of rows run faster on the tiles in bf16 than in PyTorch's dynamic int8, which has no AMX path
+    (docs/performance.md). Elsewhere the int8 copy's MIR is dynamic int8."""
     if (int8 and not onednn.amx_bf16()) or not onednn.bf16_supported():
         return False
     return max(m.weight.numel() for m in mir.modules() if isinstance(m, nn.Linear)) >= MIR_BF16_MIN_WEIGHT

@@ -1,11 +1,10 @@
 """Static int8 convolutions for the frozen ResNet grid of an ``int8`` inference copy (:mod:`namc.models.precision`).
 
 The grid is more than half of the end-to-end time (namc_base in bf16 at batch 32), and on a CPU with VNNI an int8
-convolution runs about twice as fast as the same one in bf16 (AMD EPYC, two threads, 64 images of 14 x 14: 1 x 1,
-1024 -> 256 channels 14.9 -> 7.8 ms; 3 x 3, 256 -> 256 29.9 -> 15.3 ms); on an AVX2 CPU without VNNI or bf16,
-1.7-2.9x as fast as fp32 (64 images: 3 x 3, 256 -> 256 at 28 x 28 374 -> 189 ms; 1 x 1, 256 -> 1024 at 14 x 14
-61 -> 21 ms). This is the scheme PyTorch's x86 static flow (PT2E with ``X86InductorQuantizer``) lowers to, without
-``torch.export`` or inductor: the same oneDNN kernels (``torch.ops.onednn.qconv2d_pointwise``), called from modules.
+convolution runs about twice as fast as the same one in bf16; on an AVX2 CPU without VNNI or bf16, up to three times
+as fast as fp32 (docs/performance.md). This is the scheme PyTorch's x86 static flow (PT2E with
+``X86InductorQuantizer``) lowers to, without ``torch.export`` or inductor: the same oneDNN kernels
+(``torch.ops.onednn.qconv2d_pointwise``), called from modules.
 
 - Weights: int8, symmetric, one scale per output channel (BatchNorm folded first).
 - Activations: uint8 (every quantised activation follows a ReLU), one static scale per tensor, ``max / 255`` of what
@@ -19,8 +18,8 @@ convolution runs about twice as fast as the same one in bf16 (AMD EPYC, two thre
 - The stem (:class:`QuantStem`): its input, the normalised pixels, is signed: uint8 with zero point 128 and a scale
   from the normalisation itself (the largest ``|(0 - mean) / std|``, ``|(1 - mean) / std|``: no calibration, images
   outside [0, 1] saturate; zero point 64 and ``/ 63`` at 7 bits); its output and the max-pool's share the first
-  block's input scale (the max-pool keeps the maximum). On namc_base's 64 images: convolution 129 -> 26 ms, max-pool
-  56 -> 7 ms, plus the quantisation of the pixels (6 ms) instead of the max-pool's output.
+  block's input scale (the max-pool keeps the maximum), so the stem's convolution and max-pool run on int8 codes
+  too, for one quantisation of the pixels instead of the max-pool's output.
 - Stays in floating point: the grid's output (its last block returns fp32 for MIR).
 
 A scale comes from calibration images, not from the input of each call, so the copy's output for an image does not
@@ -56,8 +55,8 @@ _QPOOL_OK: bool | None = None
 def code_ceiling() -> int:
     """The largest uint8 code a static int8 convolution of this CPU may read: 255 with VNNI (int32 sums); 127
     without (AVX2, AVX-512 before Cascade Lake), where oneDNN's kernel adds pairs of uint8 x int8 products in int16 and
-    saturates past it (measured on an AVX2 EPYC: 8-bit codes 12-24 output steps off the float convolution of the same
-    codes, 7-bit codes within half a step, in oneDNN's, FBGEMM's and the x86 engine's kernels alike)."""
+    saturates past it (on an AVX2 CPU 8-bit codes land many output steps off the float convolution of the same codes,
+    7-bit codes within half a step, in oneDNN's, FBGEMM's and the x86 engine's kernels alike)."""
     return 255 if full_range() else 127
 
 
@@ -190,8 +189,8 @@ class QuantStem(nn.Module):
 def max_pool_u8(codes: torch.Tensor, *pool, plain: bool = False) -> torch.Tensor:
     """``F.max_pool2d(codes, *pool)`` of uint8 codes, layout kept: PyTorch's max-pool takes them as a quantised tensor
     (the scale does not matter to a maximum; its plain uint8 kernel fails on channels-last inputs of 64 channels,
-    1 x 64 x 56 x 56 already, in torch 2.14.1). ``plain``: the max-pool of the codes as int16, exact, at 2.4x the
-    time (namc_base's 64 x 64 x 112 x 112 stem output: 106 against 44 ms)."""
+    1 x 64 x 56 x 56 already, in torch 2.14.1). ``plain``: the max-pool of the codes as int16, exact, at about 2.4x
+    the time."""
     if plain:
         return F.max_pool2d(codes.to(torch.int16), *pool).to(torch.uint8)
     with warnings.catch_warnings():

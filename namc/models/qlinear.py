@@ -17,23 +17,15 @@ plain int8 / uint8 tensors and oneDNN's int8 linear instead, with the same weigh
 **8-bit activations where the CPU has VNNI.** PyTorch's dynamic linear module quantises its input to 7 bits
 (``reduce_range=True``): without VNNI, x86 multiplies uint8 by int8 with ``vpmaddubsw``, whose int16 sum of two
 products can saturate at full range. With VNNI (``vpdpbusd`` accumulates in int32) it cannot, and the 7-bit
-rounding only doubles the activations' quantisation error: on namc_base's shapes (two AMD EPYC threads) 8-bit
-activations halve the error against fp32 (vocabulary projection at batch 32: 9.4% -> 4.7% relative L2 on inputs with a
-few large features) at the same speed (7.79 vs 7.74 ms), and inputs at the top of the range do not saturate
-(tests/test_precision.py). :class:`DynamicLinear` takes the full range where :func:`full_range` says so.
+rounding only doubles the activations' quantisation error: on namc_base's shapes 8-bit activations halve the error
+against fp32 at the same speed, and inputs at the top of the range do not saturate (tests/test_precision.py).
+:class:`DynamicLinear` takes the full range where :func:`full_range` says so.
 
 **Small matrices stay fp32.** An int8 copy (:func:`int8_forms`, :meth:`FDG.pack_step
-<namc.models.fdg.FDG.pack_step>`) keeps a matrix of fewer than :data:`INT8_MIN_WEIGHT` entries in fp32: int8 gains
-nothing there. ``F.linear`` against a dynamic int8 layer, us, two AMD EPYC threads under ``OMP_WAIT_POLICY=PASSIVE``,
-medians of 300 calls, at 1 / 32 / 200 / 3,200 rows: 32 x 96 3 / 68 / 61 / 209 against 18 / 20 / 30 / 209; 32 x 32 2 /
-50 / 52 / 134 against 18 / 19 / 25 / 127; 32 x 128 and 128 x 32 3 / 51-56 / 57-61 / 242-250 against 18 / 20-21 /
-31-34 / 217-261 (at 32-200 rows fp32's time is mostly waking the second thread; a decoding step runs such products on
-one, :mod:`namc.models.threads`); from 128 x 128 int8 wins with many rows (3,200: 625 against 337; 256 x 256 2148
-against 806). The matrices this leaves in fp32 are those of narrow models: at the demo's width of 32 (and its small
-word vocabulary) every matrix of MIR and FDG, so int8 there is the grid's static int8 and fp32 after it; none of
-namc_base's, whose smallest has 589,824 entries. A demo model (session 34, seed 0) decodes 1.61x faster at batch 1
-and 1.24x at 100 in int8 with its small matrices in fp32 (one process alternating, 20 calls), 1.18x and 1.03x end to
-end (docs/throughput.md, session 34).
+<namc.models.fdg.FDG.pack_step>`) keeps a matrix of fewer than :data:`~namc.thresholds.INT8_MIN_WEIGHT` entries in
+fp32: int8 gains nothing there. The matrices this leaves in fp32 are those of narrow models:
+at the demo's width of 32 (and its small word vocabulary) every matrix of MIR and FDG, so int8 there is the grid's
+static int8 and fp32 after it; none of namc_base's, whose smallest has 589,824 entries.
 """
 
 from __future__ import annotations
@@ -48,6 +40,7 @@ from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from namc.models import threads
+from namc.thresholds import INT8_MIN_WEIGHT  # read at each call: patchable here
 
 __all__ = [
     "INT8_MIN_WEIGHT",
@@ -67,7 +60,6 @@ __all__ = [
 
 
 KERNELS_ENV = "NAMC_INT8_KERNELS"
-INT8_MIN_WEIGHT = 1 << 13  # entries: a smaller matrix stays fp32 in an int8 copy (module docstring)
 _QUANTIZED_OPS: bool | None = None
 
 
@@ -78,10 +70,8 @@ def int8_kernels() -> str:
 
     PyTorch deprecates the quantised dtypes (pytorch/pytorch#184982, torch >= 2.13 warns) and will remove them; on
     a torch without them namc's int8 keeps running on the plain kernels. These cost more in eager PyTorch, which
-    quantises each activation in five passes after finding its range, where the quantised kernel makes one pass (two
-    EPYC threads, per layer, two runs: 1 x 768 x 3072 1.68-1.73x the time, 32 x 768 x 3072 1.49-1.55x, MIR's
-    12544 x 3072 x 768 1.75-1.78x; the 32-row vocabulary projection 0.90-0.96x and MIR's 12544 x 768 x 3072
-    0.97-1.00x), with the same codes and so the same error against fp32. ``NAMC_INT8_KERNELS=plain``
+    quantises each activation in five passes after finding its range, where the quantised kernel makes one pass (up
+    to 1.8x the time of a layer), with the same codes and so the same error against fp32. ``NAMC_INT8_KERNELS=plain``
     (or ``quantized``) chooses; a model's int8 copy (:func:`~namc.models.precision.inference_copy`) follows it.
     """
     global _QUANTIZED_OPS

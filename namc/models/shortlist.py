@@ -11,10 +11,9 @@ rows of the vocabulary matrix only, and the pick is mapped back to the full voca
 per shortlist and matrix (for an int8 or bf16 inference copy, quantised or laid out once as :meth:`FDG.pack_step
 <namc.models.fdg.FDG.pack_step>` does the full matrix) and kept while the matrix is unchanged.
 
-What it gives (docs/throughput.md, session 27): namc_base's decoding over 3,000 of its 49,409 tokens, two AMD EPYC
-threads, one process alternating with the whole vocabulary, the same ids where the list holds the whole vocabulary's
-picks: int8 1.61-1.66x faster at batch 1 and 1.53-1.55x at batch 32, bf16 1.84x and 1.60x, fp32 2.62x and 1.69x
-(100 tokens: at most 5% more). ``namc benchmark --shortlist N`` gives the CLIP4IDC peer the same list.
+What it gives: namc_base decodes over 3,000 of its 49,409 tokens 1.5-2.6x faster, with the same ids where the list
+holds the whole vocabulary's picks (docs/performance.md). ``namc benchmark --shortlist N`` gives the CLIP4IDC peer
+the same list.
 
 What it changes: greedy decoding gives the full vocabulary's ids wherever every step's top token is in the list. In
 int8 the kept rows' logits are the full projection's to the bit (the weights' codes have one scale per row and the
@@ -44,6 +43,7 @@ from namc.models import onednn, threads
 from namc.models.files import ConfigError, atomic_write_text, read_json
 from namc.models.layers import StepWeights
 from namc.models.qlinear import int8_linear
+from namc.thresholds import ARGMAX_MIN_ROWS
 
 __all__ = ["SHORTLIST_FILE", "Shortlist", "first_max_index", "greedy_ids", "load_shortlist", "save_shortlist"]
 
@@ -181,7 +181,7 @@ def greedy_ids(logits: torch.Tensor, shortlist: Shortlist | None = None) -> torc
     return picks if shortlist is None else shortlist.to_vocabulary(picks)
 
 
-_BLOCK = 256  # columns per block of first_max_index's first pass
+_BLOCK = 256  # columns per block of first_max_index's first pass (namc_base's 49,409 logits: 193 blocks)
 
 
 def first_max_index(x: torch.Tensor) -> torch.Tensor:
@@ -189,17 +189,21 @@ def first_max_index(x: torch.Tensor) -> torch.Tensor:
     a CPU's wide fp32 rows.
 
     PyTorch's max with indices passes over the row tracking an index per element; a value-only reduction (``amax``)
-    is about 14 times faster on one thread (32 x 49,409 fp32 logits: 1.30 ms against 0.09). So the row is cut into
-    blocks of 256 columns: the largest value of each block (``amax``), the first block holding the row's largest
-    (``max`` over b x 193 values), the first index of it within that block, and the columns after the last whole
-    block compared on their own. Measured on two AMD EPYC threads under ``OMP_WAIT_POLICY=PASSIVE`` (max / this, us,
-    medians of 200 calls; docs/throughput.md, session 34): fp32 at batch 8 228 / 82, 32 707 / 174, 128 2702 / 756,
-    under threads that spin (OpenMP's default) at 32 653 / 119; at batch 1 both 44-47, so one row keeps ``max``.
-    bf16 logits keep ``max`` too: their ``amax`` is slower (at 32 702 / 618-643), and namc_base's bf16 decoding at
-    batch 32 measured 0.97-0.98x with it. The small reductions run on one thread where idle threads sleep
+    is an order of magnitude faster. So the row is cut into blocks of 256 columns: the largest value of each block
+    (``amax``), the first block holding the row's largest (``max`` over the block maxima), the first index of it
+    within that block, and the columns after the last whole block compared on their own. From
+    :data:`~namc.thresholds.ARGMAX_MIN_ROWS` rows this is faster than ``max`` on fp32 logits (up to 4x); one row
+    keeps ``max``, as fast there. bf16 logits keep ``max`` too: their ``amax`` gains too little to pay
+    (docs/performance.md). The small reductions run on one thread where idle threads sleep
     (:mod:`namc.models.threads`, ``argmax``)."""
     b, V = x.shape
-    if x.device.type != "cpu" or x.dtype != torch.float32 or b < 2 or V < 16 * _BLOCK or x.stride(-1) != 1:
+    if (
+        x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or b < ARGMAX_MIN_ROWS
+        or V < 16 * _BLOCK
+        or x.stride(-1) != 1
+    ):
         return x.max(dim=-1).indices
     return threads.run("argmax", x.numel(), _blocked_first_max, x)
 

@@ -24,11 +24,10 @@ to the rounding of attention over more (masked) slots, and equal where no near-t
 
 On CUDA the step is captured once per shape (``torch.cuda.CUDAGraph``) after warm-up calls on a side stream, and
 each step of a generation is one ``replay()``. On a CPU there are no graphs: the same step runs eagerly, as fast as
-FDG.generate (namc_base, two AMD EPYC threads, interleaved, 20 calls each: int8 at batch 1 109.1 vs 111.5 ms,
-fp32 at batch 1 441.5 vs 442.1 ms; 5 calls at batch 32 in int8, 391.8 vs 393.0 ms). In fp32 and bf16 it gave
-FDG.generate's ids there; in int8, whose activations are rounded with one scale per call, the rounding-level
-difference of the masked attention moved 3 of 32 random-weight rows onto another token from step 14 on.
-No GPU has run this module yet: its CUDA test (tests/test_static_decode.py) is skipped on CPU machines.
+FDG.generate (docs/performance.md), with FDG.generate's ids in fp32 and bf16; in int8, whose activations are rounded
+with one scale per call, the rounding-level difference of the masked attention can move a random-weight row onto
+another token late in the caption. Its CUDA test (tests/test_static_decode.py) is skipped on machines without a
+GPU.
 """
 
 from __future__ import annotations

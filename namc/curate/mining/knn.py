@@ -6,21 +6,10 @@ Features are L2-normalised rows, so inner product = cosine similarity (Eq. 4). T
 - **ivf** (``IndexIVFScalarQuantizer`` with fp16 storage, inner product): ``nlist`` coarse cells (default
   ``4 * sqrt(N)``, k-means trained on up to ``64 * nlist`` rows drawn with ``seed``), ``nprobe`` cells searched per
   query (default :data:`DEFAULT_NPROBE`). fp16 storage halves memory and loses nothing for the fp16 feature shards of
-  ``namc curate embed``. Its recall of exact top-k is measured in ``tests/test_curate_mining.py`` and
-  ``tools/bench_mining.py``.
+  ``namc curate embed``. Its recall of exact top-k is checked in ``tests/test_curate_mining.py``.
 
-``index="auto"`` takes exact up to :data:`EXACT_MAX` images and IVF above: the crossover measured by
-``tools/bench_mining.py`` (768-d, k = 10, CPU seconds of one thread of this project's x86-64 CPU, IVF training
-included; IVF recall of exact top-10 0.9999 at every size):
-
-=========  =======  ======
-N          exact    IVF
-=========  =======  ======
-10,000       1.26    1.68
-20,000       4.89    5.33
-40,000      19.67   15.09
-80,000      75.59   44.00
-=========  =======  ====== With a GPU
+``index="auto"`` takes exact up to :data:`EXACT_MAX` images and IVF above, where IVF (its training included) is the
+faster (:data:`~namc.thresholds.KNN_EXACT_MAX`; figures in docs/performance.md). With a GPU
 (``faiss.get_num_gpus() > 0``, a faiss-gpu build) the index is moved to all GPUs.
 
 Every image is its own nearest neighbour; it is removed from its row (if an index misses it, the row's last entry is
@@ -37,14 +26,14 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
+from namc.thresholds import KNN_EXACT_MAX, KNN_NPROBE
+
 __all__ = ["DEFAULT_NPROBE", "EXACT_MAX", "KnnResult", "build_index", "normalise", "top_k"]
 
 logger = logging.getLogger(__name__)
 
-#: up to this many images ``index="auto"`` searches exactly (crossover 20K-40K, measured by tools/bench_mining.py)
-EXACT_MAX = 25_000
-#: IVF cells searched per query by default (recall >= 0.95 of exact top-10 in tools/bench_mining.py)
-DEFAULT_NPROBE = 32
+EXACT_MAX = KNN_EXACT_MAX  #: up to this many images ``index="auto"`` searches exactly
+DEFAULT_NPROBE = KNN_NPROBE  #: IVF cells searched per query by default
 _CHUNK = 16_384  # rows converted / searched at a time (bounds the float32 copies)
 
 

@@ -1,13 +1,12 @@
 """``namc benchmark``: the command line of the throughput harness (``main(argv)`` gets the arguments after
 ``benchmark``).
 
-CPU threads: OpenMP's default lets idle worker threads spin. On a machine shared with other processes (a CI
-runner, a 2-core VM) the spinning threads take the cores the main thread needs, and small-batch decoding ran
-3-4x slower in our measurements (namc_base on 2 threads, batch 32: 123 tokens/s spinning vs 430 with
-``OMP_WAIT_POLICY=PASSIVE``). ``--omp-wait-policy passive`` re-runs the harness in a child process with it set
-(OpenMP reads it only when torch loads; options are parsed and checked without torch, so the parent process never
-loads it); every report records the threading variables in ``machine.env``. Under it,
-namc and the peer alike run products too small to pay for waking a second thread on one (:mod:`namc.models.threads`).
+CPU threads: OpenMP's default lets idle worker threads spin. On a machine shared with other processes (a CI runner, a
+2-core VM) the spinning threads take the cores the main thread needs, and decoding runs several times slower than with
+``OMP_WAIT_POLICY=PASSIVE`` (docs/performance.md). ``--omp-wait-policy passive`` re-runs the harness in a child process
+with it set (OpenMP reads it only when torch loads; options are parsed and checked without torch, so the parent process
+never loads it); every report records the threading variables in ``machine.env``. Under it, namc and the peer alike run
+products too small to pay for waking a second thread on one (:mod:`namc.models.threads`).
 
 Memory: ``--allocator reuse`` first makes glibc's allocator keep freed memory for reuse
 (:func:`namc.runtime.reuse_freed_memory`, measured there); the default, ``system``, leaves it as it is.

@@ -184,17 +184,15 @@ class _EncoderLayer(nn.Module):
 
 
 def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
-    """A copy of the peer with every linear map converted as namc's own are for ``precision``, the attention
-    projections included (:class:`ProjectedAttention`): ``int8``, dynamic int8 layers
-    (:class:`~namc.models.qlinear.DynamicLinear`); ``bf16``, bf16 weights prepacked for oneDNN, as namc's bf16
-    decoding step keeps them (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`; a plain bf16 weight is
-    reordered at every call: the prepacked bf16 peer decodes 1.06x faster at batch 32, 1.32x at 1); ``fp32``,
-    oneDNN's fp32 linear kernel on weights reordered once, which namc's fp32 decoding step runs
-    (:func:`namc.models.onednn.dense`; on the AMD EPYC of the README 1.16x faster at batch 32 and 1.19-1.48x at 1 than
-    ``F.linear``'s BLAS). On a CPU with AMX the int8 peer runs its products over the visual memory in bf16
-    (:func:`_memory_side_to_bf16`). Where this torch has no oneDNN
-    linear kernel (or off the CPU) bf16 is plain bf16 weights and fp32 the peer itself; where oneDNN has no bf16 on
-    this CPU, bf16 is fp32, as namc's bf16 copy is there (:func:`~namc.models.onednn.bf16_supported`)."""
+    """A copy of the peer with every linear map converted as namc's own are for ``precision``, the attention projections
+    included (:class:`ProjectedAttention`): ``int8``, dynamic int8 layers (:class:`~namc.models.qlinear.DynamicLinear`);
+    ``bf16``, bf16 weights prepacked for oneDNN, as namc's bf16 decoding step keeps them (:meth:`FDG.pack_step
+    <namc.models.fdg.FDG.pack_step>`; a plain bf16 weight is reordered at every call); ``fp32``, oneDNN's fp32 linear
+    kernel on weights reordered once, which namc's fp32 decoding step runs (:func:`namc.models.onednn.dense`; faster
+    than ``F.linear``'s BLAS at every batch size). So the peer is measured on the same kernels as namc. On a CPU with
+    AMX the int8 peer runs its products over the visual memory in bf16 (:func:`_memory_side_to_bf16`). Where this torch
+    has no oneDNN linear kernel (or off the CPU) bf16 is plain bf16 weights and fp32 the peer itself; where oneDNN has
+    no bf16 on this CPU, bf16 is fp32, as namc's bf16 copy is there (:func:`~namc.models.onednn.bf16_supported`)."""
     on_cpu = peer.head.weight.device.type == "cpu"
     onednn_ok = on_cpu and onednn.linear_available()
     if precision == "bf16" and on_cpu and not onednn.bf16_supported():
@@ -225,8 +223,8 @@ def _memory_side_to_bf16(peer: CLIP4IDCPeer) -> None:
     memory (at every step, as CLIP4IDC decodes) and the decoder's keys / values of that memory (its queries and
     output in dynamic int8). The int8 peer on a CPU with AMX, where namc's int8 copy runs MIR and its cross-attention
     keys / values in bf16 (:func:`namc.models.precision.mir_in_bf16`, :meth:`FDG.pack_step
-    <namc.models.fdg.FDG.pack_step>`): on the tiles bf16 runs products of hundreds of rows 1.4-3x faster than
-    PyTorch's dynamic int8."""
+    <namc.models.fdg.FDG.pack_step>`): on the tiles bf16 runs products of hundreds of rows faster than PyTorch's
+    dynamic int8."""
     for param in (peer.bef_embedding, peer.aft_embedding, peer.joint_positional_embedding):
         param.data = param.data.to(torch.bfloat16)
     bf16 = functools.partial(OneDNNLinear, dtype=torch.bfloat16)

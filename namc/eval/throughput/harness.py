@@ -189,9 +189,9 @@ def _shortlist_entry(short: Shortlist | None, settings: BenchmarkSettings) -> di
 
 
 def _settle_matmul(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
-    """The GEMM reference measured before and after the timed calls: one measurement moved up to 3x between idle
-    runs of this VM (int8: 277 to 963 GFLOP/s), so the efficiency's reference is the faster of the two (an
-    efficiency errs low, never high); both are kept in ``runs``."""
+    """The GEMM reference measured before and after the timed calls: on a shared virtual machine one measurement
+    can move up to 3x between idle runs, so the efficiency's reference is the faster of the two (an efficiency errs
+    low, never high); both are kept in ``runs``."""
     best = max((first, last), key=lambda m: m["flops_per_s"])
     return best | {"runs": [first["flops_per_s"], last["flops_per_s"]]}
 

@@ -36,50 +36,66 @@ def validate_report(report: Any, schema: dict[str, Any] | None = None) -> list[s
     """
     root = REPORT_SCHEMA if schema is None else schema
     errors: list[str] = []
-
-    def check(value: Any, node: dict[str, Any], path: str) -> None:
-        if "$ref" in node:
-            node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
-        if "anyOf" in node:  # valid where one alternative is
-            before = len(errors)
-            for alt in node["anyOf"]:
-                mark = len(errors)
-                check(value, alt, path)
-                if len(errors) == mark:
-                    del errors[before:]
-                    return
-            errors[before:] = [f"{path}: matches none of its alternatives ({'; '.join(errors[before:])})"]
-            return
-        kind = _json_type(value)
-        if "type" in node:
-            allowed = node["type"] if isinstance(node["type"], list) else [node["type"]]
-            ok = kind in allowed or (kind == "integer" and "number" in allowed)
-            if not ok:
-                errors.append(f"{path}: expected {'/'.join(allowed)}, got {kind}")
-                return
-        if "const" in node and value != node["const"]:
-            errors.append(f"{path}: expected {node['const']!r}, got {value!r}")
-        if "enum" in node and value not in node["enum"]:
-            errors.append(f"{path}: {value!r} not in {node['enum']}")
-        if "minimum" in node and kind in ("integer", "number") and value < node["minimum"]:
-            errors.append(f"{path}: {value} < minimum {node['minimum']}")
-        if kind == "object":
-            for key in node.get("required", []):
-                if key not in value:
-                    errors.append(f"{path}: missing {key!r}")
-            props = node.get("properties", {})
-            extra = node.get("additionalProperties")
-            for key, sub in value.items():
-                if key in props:
-                    check(sub, props[key], f"{path}.{key}")
-                elif isinstance(extra, dict):
-                    check(sub, extra, f"{path}.{key}")
-        if kind == "array" and "items" in node:
-            for i, sub in enumerate(value):
-                check(sub, node["items"], f"{path}[{i}]")
-
-    check(report, root, "$")
+    _check(report, root, "$", root, errors)
     return errors
+
+
+def _check(value: Any, node: dict[str, Any], path: str, root: dict[str, Any], errors: list[str]) -> None:
+    """Append to ``errors`` what is wrong with ``value`` at ``path`` against the schema ``node`` (``root`` holds the
+    ``$defs`` that ``$ref`` points into)."""
+    if "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    if "anyOf" in node:  # valid where one alternative is
+        before = len(errors)
+        for alt in node["anyOf"]:
+            mark = len(errors)
+            _check(value, alt, path, root, errors)
+            if len(errors) == mark:
+                del errors[before:]
+                return
+        errors[before:] = [f"{path}: matches none of its alternatives ({'; '.join(errors[before:])})"]
+        return
+    kind = _json_type(value)
+    if "type" in node:
+        allowed = node["type"] if isinstance(node["type"], list) else [node["type"]]
+        ok = kind in allowed or (kind == "integer" and "number" in allowed)
+        if not ok:
+            errors.append(f"{path}: expected {'/'.join(allowed)}, got {kind}")
+            return
+    errors += _value_problems(value, kind, node, path)
+    if kind == "object":
+        _check_object(value, node, path, root, errors)
+    if kind == "array" and "items" in node:
+        for i, sub in enumerate(value):
+            _check(sub, node["items"], f"{path}[{i}]", root, errors)
+
+
+def _value_problems(value: Any, kind: str, node: dict[str, Any], path: str) -> list[str]:
+    """What ``value`` (of JSON type ``kind``) breaks of ``node``'s ``const``, ``enum`` and ``minimum``."""
+    problems = []
+    if "const" in node and value != node["const"]:
+        problems.append(f"{path}: expected {node['const']!r}, got {value!r}")
+    if "enum" in node and value not in node["enum"]:
+        problems.append(f"{path}: {value!r} not in {node['enum']}")
+    if "minimum" in node and kind in ("integer", "number") and value < node["minimum"]:
+        problems.append(f"{path}: {value} < minimum {node['minimum']}")
+    return problems
+
+
+def _check_object(
+    value: dict[str, Any], node: dict[str, Any], path: str, root: dict[str, Any], errors: list[str]
+) -> None:
+    """The required keys of an object, then each of its values against its property's (or the extra) schema."""
+    for key in node.get("required", []):
+        if key not in value:
+            errors.append(f"{path}: missing {key!r}")
+    props = node.get("properties", {})
+    extra = node.get("additionalProperties")
+    for key, sub in value.items():
+        if key in props:
+            _check(sub, props[key], f"{path}.{key}", root, errors)
+        elif isinstance(extra, dict):
+            _check(sub, extra, f"{path}.{key}", root, errors)
 
 
 def _stat(s: dict[str, Any], fmt: str = "{:.1f}") -> str:

@@ -32,8 +32,8 @@ SCHEMA_VERSION = 11  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder;
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
 # settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
 # 7: required peer.linear_maps (the peer converted as namc). 8: required model.part_precisions in place of
-# model.grid_precision. 9: peer.linear_maps onednn_fp32_prepacked. 10: required machine.cpu_kernels (two CPUs both
-# called "AMD EPYC" ran bf16 and int8 on different kernels). 11: required peer.encoder_linear_maps (AMX: see there)
+# model.grid_precision. 9: peer.linear_maps onednn_fp32_prepacked. 10: required machine.cpu_kernels (two CPUs of one
+# model name can run bf16 and int8 on different kernels). 11: required peer.encoder_linear_maps (AMX: see there)
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:

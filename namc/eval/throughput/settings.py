@@ -133,6 +133,12 @@ class BenchmarkSettings:
         self.device = str(self.device)  # a torch.device too
         self.batch_sizes = tuple(int(b) for b in self.batch_sizes)
         self.modes = tuple(self.modes)
+        self._check_choices()
+        self._check_counts()
+        self._check_combinations()
+
+    def _check_choices(self) -> None:
+        """Batch sizes are positive, and each option that names one of a fixed set of values names one of them."""
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise BenchmarkInputError(f"batch sizes must be positive, got {self.batch_sizes}")
         if self.dtype not in DTYPES:
@@ -144,6 +150,9 @@ class BenchmarkSettings:
         bad = [m for m in self.modes if m not in MODES]
         if bad or not self.modes:
             raise BenchmarkInputError(f"modes must be a non-empty subset of {MODES}, got {self.modes}")
+
+    def _check_counts(self) -> None:
+        """Repeats, steps, tokens and threads are in range."""
         if self.repeats < 1 or self.warmup < 0 or self.reference_repeats < 1:
             raise BenchmarkInputError("repeats and reference_repeats must be >= 1, warmup >= 0")
         if self.max_new_tokens < 1:
@@ -152,6 +161,9 @@ class BenchmarkSettings:
             raise BenchmarkInputError("train_batch_size must be >= 0, train_steps >= 1, train_warmup >= 0")
         if self.threads is not None and self.threads < 1:
             raise BenchmarkInputError(f"threads must be >= 1, got {self.threads}")
+
+    def _check_combinations(self) -> None:
+        """The precisions, the device and the decoding options are valid and fit together."""
         if self.precision not in PRECISIONS:
             raise BenchmarkInputError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.reference_precision not in (None, *PRECISIONS):

@@ -5,9 +5,8 @@
 - ``pretrain.ckpt``: a Lightning pre-training checkpoint of a few steps (PretrainModule + CorpusDataModule).
 - ``expected.json``: the ids ``generate`` gives on fixed inputs for both, and the pre-training losses of one step.
 
-Run from the repository root: ``python tests/data/golden/make_golden.py``. The first version ran at commit 32d0a2e
-(before the architecture redesign); it has been updated to the current API since, and rerunning it rewrites the
-artefacts only if asked with ``--write``.
+Run from the repository root: ``python tests/data/golden/make_golden.py``; it rewrites the artefacts only if asked
+with ``--write``, which a change that keeps old files loading never needs.
 """
 
 from __future__ import annotations
