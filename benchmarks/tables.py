@@ -476,6 +476,7 @@ def preset_parts() -> str:
     demo = stored["demo_model"]
     overrides = ", ".join(f"{k}={v}" for k, v in demo["overrides"].items())
     columns[f"the demo's model (`{demo['preset']}`, {overrides})"] = demo
+
     def size(n: int) -> str:
         return f"{n / 1e6:.2f}M" if n >= 10_000 else f"{n / 1e3:.1f}K"
 
