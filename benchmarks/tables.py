@@ -1,4 +1,4 @@
-"""The tables of figures in README.md and docs/performance.md, rendered from the stored reports in benchmarks/results.
+"""The tables of figures in README.md and docs/, rendered from the stored reports in benchmarks/results.
 
     python benchmarks/tables.py          # rewrite every table between its markers
     python benchmarks/tables.py --check  # exit 1, naming the tables, where a committed table is not its rendering
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import re
 import statistics
 import sys
@@ -20,6 +21,10 @@ import textwrap
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from namc.experiment.stats import Paired, Summary
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -34,6 +39,7 @@ PRESETS = RESULTS / "presets-parameters" / "parameters.json"  # written by --cou
 DEMO_MODEL = {"dim": 32, "heads": 2}  # the width `namc demo` trains namc_tiny at (namc.lit.demo.settings)
 GPU = RESULTS / "h100-namc_base-vs-clip4idc"  # what benchmarks/gpu.sh writes
 GPU_CAPTIONS = RESULTS / "h100-caption-agreement"
+STUDIES = RESULTS / "xeon-shapes-studies"  # {study}.json: a study's aggregated figures as printed, with its settings
 
 RUNS = (1, 2)
 CPU_BATCHES = (1, 32)
@@ -111,8 +117,10 @@ def cpu_cell(report: dict, mode: str) -> str:
     return f"{entry(report, mode)['tokens_per_s']['median']:.1f} ({peer_entry(report, mode)['speedup']:.2f}x)"
 
 
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+def markdown(header: list[str], rows: list[list[str]], compact: bool = False) -> str:
+    """A markdown table; ``compact``: the rule row as ``namc experiment report`` writes it (``|---|---|``)."""
+    rule = "|" + "|".join("---" for _ in header) + "|" if compact else "| " + " | ".join("---" for _ in header) + " |"
+    lines = ["| " + " | ".join(header) + " |", rule]
     return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
 
 
@@ -531,6 +539,118 @@ def curation() -> str:
     return markdown(["step", "figure", "measured with"], rows) + f"\n\nOn {results['machine']}."
 
 
+# -------------------------------------------------------------------------------------------------------- the studies
+
+
+def study(name: str) -> dict:
+    """A study's stored figures (``xeon-shapes-studies/{name}.json``)."""
+    return load(STUDIES / f"{name}.json")
+
+
+def summary_of(stored: dict) -> Summary:
+    """A stored summary as :class:`namc.experiment.stats.Summary`; a figure not stored is nan."""
+    from namc.experiment.stats import Summary
+
+    return Summary(stored["n"], *(stored.get(k, math.nan) for k in ("mean", "sd", "low", "high")))
+
+
+def paired_of(stored: dict) -> Paired:
+    """A stored paired difference (n, mean, low, high, p) as :class:`namc.experiment.stats.Paired`."""
+    from namc.experiment.stats import Paired
+
+    return Paired(stored["n"], summary_of(stored), math.nan, stored.get("p", math.nan))
+
+
+def mean_sd(s: Summary, digits: int = 2) -> str:
+    """``mean ± sd`` in the study report's number format; the mean alone where there is no sd (one run, or none
+    stored)."""
+    from namc.experiment.report import _fmt
+
+    return f"{_fmt(s.mean, digits)} ± {_fmt(s.sd, digits)}" if math.isfinite(s.sd) else _fmt(s.mean, digits)
+
+
+def difference(p: Paired, digits: int, p_digits: int = 3, signed: bool = False) -> str:
+    """A paired difference as the study report writes it (its ``_diff``) at ``digits`` decimals: the signed mean,
+    its 95% t-interval (``signed``: the bounds signed too) and the paired t-test p."""
+    from namc.experiment.report import _fmt
+
+    d, sign = p.diff, "+" if signed else ""
+    return f"{d.mean:+.{digits}f} [{d.low:{sign}.{digits}f}, {d.high:{sign}.{digits}f}], p={_fmt(p.p, p_digits)}"
+
+
+def study_summaries(stored: dict) -> str:
+    """experiments.md: a study's mean ± sd [95% t-interval] per variant and metric, as its report.md has it."""
+    from namc.experiment.report import _cell
+
+    rows = []
+    for variant, figures in stored["variants"].items():
+        summaries = [summary_of(figures[m]["summary"]) for m in stored["metrics"]]
+        rows.append([variant, str(max(s.n for s in summaries)), *map(_cell, summaries)])
+    return markdown(["variant", "n", *stored["metrics"]], rows, compact=True)
+
+
+def study_paired(stored: dict) -> str:
+    """experiments.md: each variant's paired difference from the study's reference, as its report.md has it."""
+    from namc.experiment.report import _diff
+
+    rows = [
+        [variant, *(_diff(paired_of(figures[m]["paired"])) for m in stored["metrics"])]
+        for variant, figures in stored["variants"].items()
+        if variant != stored["reference"]
+    ]
+    return markdown(["variant", *stored["metrics"]], rows, compact=True)
+
+
+def study_shifts(stored: dict) -> str:
+    """experiments.md: Table 10's NAMC against the model pre-trained without NIM and MIR, shift by shift."""
+    comparison, variants = stored["namc_minus_no_nim_mir"], stored["variants"]
+    metric, rows = comparison["metric"], []
+    for shift, diff in comparison["shifts"].items():
+        arms = [variants[f"{arm}_{shift}"] for arm in ("namc", "no_nim_mir")]
+        scores = [mean_sd(summary_of(a[metric]["summary"])) for a in arms]
+        distinct = " / ".join(f"{a['test/distinct_captions']['summary']['mean']:.1f}" for a in arms)
+        rows.append([shift, *scores, difference(paired_of(diff), 1), distinct])
+    header = [
+        "shift",
+        f"NAMC {metric.removeprefix('test/')}",
+        "w/o NIM and MIR",
+        "NAMC minus w/o, paired over seeds [95% t-interval], p",
+        "distinct captions NAMC / w/o",
+    ]
+    return markdown(header, rows, compact=True)
+
+
+def study_masking(stored: dict) -> str:
+    """experiments.md: Figure 3's noise against random masking at each text and image masking ratio."""
+    rows = []
+    for key, diffs in stored["noise_minus_random"].items():  # key: pt0.05 (p_T = 0.05, p_I = 0), pi0.05 likewise
+        arms = [stored["variants"][f"{arm}_{key}"] for arm in ("noise", "random")]
+        row = [{"pt": "text (p_T)", "pi": "image (p_I)"}[key[:2]], f"{float(key[2:]):.2f}"]
+        for metric, digits in (("test/CIDEr-D", 2), ("pretrain/noise_auroc", 3)):
+            means = [summary_of(a[metric]["summary"]) for a in arms]
+            row += [mean_sd(s, digits) for s in means]
+            p = paired_of(diffs[metric])
+            # p as the study printed it: two decimals, three below 0.1
+            row.append(difference(p, digits, p_digits=2 if p.p >= 0.1 else 3, signed=True))
+        rows.append(row)
+    header = ["masked", "ratio", "CIDEr-D, noise", "CIDEr-D, random", "noise - random"]
+    return markdown([*header, "AUROC noise", "AUROC random", "noise - random"], rows, compact=True)
+
+
+def preference(part: str, scores: str) -> str:
+    """experiments.md: minimal-pair accuracy per category (``scores="minimal_pairs"``, under the chance of each) or
+    CIDEr-D per change type (``"CIDEr-D"``) of the fine-tuned, DPO and ADPO models, mean ± sd over the runs."""
+    stored = study("preference")
+    models = stored[part]["models"]
+    columns = list(next(iter(models.values()))[scores])
+    rows = [["chance", "", *(f"{c:.1f}" for c in stored["chance"].values())]] if scores == "minimal_pairs" else []
+    for name, model in models.items():
+        runs = model["runs"]
+        rows.append([name, str(runs), *(mean_sd(summary_of({"n": runs, **model[scores][c]}), 1) for c in columns)])
+    header = ["model", "runs", *("CIDEr-D" if c == "all" else c for c in columns)]
+    return markdown(header, rows, compact=True)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "models": models,
     "speed": speed,
@@ -545,10 +665,30 @@ TABLES: dict[str, Callable[[], str]] = {
     "parameters": parameters,
     "curation": curation,
     "preset-parts": preset_parts,
+    "study-table6": lambda: study_summaries(study("table6")),
+    "study-table6-paired": lambda: study_paired(study("table6")),
+    "study-table10": lambda: study_summaries(study("table10")),
+    "study-table10-shifts": lambda: study_shifts(study("table10")),
+    "study-figure3": lambda: study_masking(study("figure3")),
+    "study-preference-one-model-choice": lambda: preference("one_model", "minimal_pairs"),
+    "study-preference-one-model-cider": lambda: preference("one_model", "CIDEr-D"),
+    "study-preference-demo-seeds-choice": lambda: preference("demo_seeds", "minimal_pairs"),
+    "study-preference-demo-seeds-cider": lambda: preference("demo_seeds", "CIDEr-D"),
 }
 FILES = {  # which tables each file holds
     "README.md": ("models", "demo", "speed"),
     "docs/architecture.md": ("preset-parts",),
+    "docs/experiments.md": (
+        "study-table6",
+        "study-table6-paired",
+        "study-table10",
+        "study-table10-shifts",
+        "study-figure3",
+        "study-preference-one-model-choice",
+        "study-preference-one-model-cider",
+        "study-preference-demo-seeds-choice",
+        "study-preference-demo-seeds-cider",
+    ),
     "docs/performance.md": (
         "speed",
         "cpu-precisions",

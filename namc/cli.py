@@ -6,6 +6,7 @@
     namc benchmark ...                             # core install: throughput (namc.eval.throughput)
     namc data ...                                  # core install: corpus and shapes-world tools (namc.data.cli)
     namc convert-clip ViT-B-16.pt clip.safetensors # core install: OpenAI's CLIP as open_clip safetensors
+    namc export onnx MODEL_DIR OUT_DIR             # ONNX files for ONNX Runtime / OpenVINO (the [deploy] extra)
     namc eval predictions.json references.json     # caption metrics (pycocoevalcap: the [train] extra)
     namc fit | validate | test | predict --config ...   # LightningCLI (the [train] extra)
     namc demo [--fast]                             # shapes world end to end (the [train] extra)
@@ -44,6 +45,8 @@ Other commands:
   eval       caption metrics of a predictions file (namc eval --help)
   benchmark  throughput: generated tokens/s, parameters, memory (namc benchmark --help)
   convert-clip  OpenAI's CLIP checkpoint (ViT-B-16.pt) as the open_clip .safetensors file namc loads
+  export     a saved model as ONNX files for ONNX Runtime and OpenVINO (namc export onnx MODEL_DIR OUT_DIR; needs
+             namc[deploy]); `namc describe --backend onnxruntime|openvino` captions with them
 
 Building a pre-training corpus (namc curate --help; needs namc[curate], and namc[train] for embed):
   curate     embed images, mine similar pairs, caption and describe pairs with an LLM server, filter, audit
@@ -61,6 +64,7 @@ _COMMANDS: dict[str, tuple[str, str | None]] = {
     "benchmark": ("namc.eval.throughput", None),
     "data": ("namc.data.cli", None),
     "convert-clip": ("namc.convert_cli", None),
+    "export": ("namc.deploy.cli", "deploy"),
     "eval": ("namc.eval.captions", "train"),
     "demo": ("namc.lit.demo", "train"),
     "curate": ("namc.curate.cli", "curate"),
@@ -72,6 +76,7 @@ _COMMANDS: dict[str, tuple[str, str | None]] = {
 _EXTRA_MODULES = {
     "train": ("lightning", "jsonargparse", "pycocoevalcap"),
     "curate": ("faiss", "sklearn", "webdataset", "pyarrow", "openai"),
+    "deploy": ("onnx", "onnxruntime"),  # what `namc export` needs; describe's --backend openvino names its own
 }
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from namc.data.transforms import MAX_IMAGE_PIXELS, pixel_cap_arg
+from namc.deploy import BACKENDS
 
 __all__ = ["build_parser", "main"]
 
@@ -55,7 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch-size", type=_positive_int, default=32, help="with --pairs: pairs per forward pass (default 32)"
     )
-    parser.add_argument("--model", required=True, help="a save_pretrained folder, hf-hub:org/name, or a namc .ckpt")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a save_pretrained folder, hf-hub:org/name, or a namc .ckpt; with --backend onnxruntime or openvino, "
+        "a folder written by `namc export onnx`",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="torch",
+        help="torch (default: the model itself); onnxruntime or openvino (CPU, fp32, greedy: an exported folder, "
+        'namc.deploy; needs pip install "namc[deploy]")',
+    )
     parser.add_argument("--beams", type=_positive_int, default=1, help="beam width (1: greedy, as the paper)")
     parser.add_argument(
         "--max-new-tokens", type=_positive_int, default=None, help="longest caption (default: the model's, 23)"

@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from namc.data.errors import IssueKind, RecordError
 from namc.data.pairs import ListedPair, read_pair_list
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform
+from namc.deploy.captioner import RuntimeMissingError, load_captioner
 from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
 from namc.models.hub import HUB_PREFIX, parse_hub_id
@@ -46,6 +47,9 @@ from namc.models.shortlist import Shortlist
 from namc.runtime import stdout_closed
 from namc.text.tokenizer import WordTokenizer
 from namc.text.vocab import read_captions
+
+if TYPE_CHECKING:
+    from namc.deploy.captioner import OnnxCaptioner
 
 ImageLike = str | Path | Image.Image
 
@@ -69,8 +73,13 @@ def _load(image: ImageLike, transform: ImageTransform) -> torch.Tensor:
         raise OSError(f"cannot read image {path}: {err}") from err
 
 
+def _device_of(model: NAMC | OnnxCaptioner) -> torch.device:
+    """Where ``model`` takes its inputs: a NAMC's parameters' device, an exported model's (the CPU)."""
+    return next(model.parameters()).device if isinstance(model, NAMC) else model.device
+
+
 def describe(
-    model: NAMC | str | Path,
+    model: NAMC | OnnxCaptioner | str | Path,
     images_1: ImageLike | Sequence[ImageLike],
     images_2: ImageLike | Sequence[ImageLike],
     num_beams: int = 1,
@@ -85,7 +94,8 @@ def describe(
     Any PIL mode is converted to RGB and every image is resized to the model's ``image_size``.
 
     Args:
-        model: a :class:`NAMC` (put in eval mode here), or a ``save_pretrained`` folder or namc ``.ckpt`` to load.
+        model: a :class:`NAMC` (put in eval mode here), a captioner over an exported model
+            (:func:`namc.deploy.load_captioner`), or a ``save_pretrained`` folder or namc ``.ckpt`` to load.
         images_1: a path / PIL image, or a list of them (the "before" images).
         images_2: the "after" images, as many as ``images_1``.
         num_beams: 1 for greedy decoding (the paper), more for beam search.
@@ -109,10 +119,10 @@ def describe(
     for name, value in (("num_beams", num_beams), ("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    if not isinstance(model, NAMC):
+    if isinstance(model, (str, Path)):
         model = load_model(model, pretraining=False)
     model.eval()
-    check_precision(precision, next(model.parameters()).device)
+    check_precision(precision, _device_of(model))
     single = isinstance(images_1, (str, Path, Image.Image))
     if single != isinstance(images_2, (str, Path, Image.Image)):  # a str is iterable: it would split into letters
         raise ValueError("give two images, or two lists of images, not one image and a list")
@@ -121,7 +131,7 @@ def describe(
     if len(firsts) != len(seconds):
         raise ValueError(f"{len(firsts)} first images but {len(seconds)} second images")
     transform = ImageTransform(model.config.image_size, max_image_pixels)
-    device = next(model.parameters()).device
+    device = _device_of(model)
     captions: list[str] = []
     for start in range(0, len(firsts), batch_size):
         a = torch.stack([_load(x, transform) for x in firsts[start : start + batch_size]]).to(device)
@@ -131,7 +141,7 @@ def describe(
 
 
 def caption_pair_list(
-    model: NAMC,
+    model: NAMC | OnnxCaptioner,
     pairs: Sequence[ListedPair],
     batch_size: int = 32,
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
@@ -143,7 +153,7 @@ def caption_pair_list(
     with the ``issue`` (an :class:`~namc.data.errors.IssueKind` value) and the one-line ``error``.
 
     Args:
-        model: an eval-mode :class:`NAMC`.
+        model: an eval-mode :class:`NAMC`, or a captioner over an exported model (:mod:`namc.deploy`).
         pairs: from :func:`namc.data.pairs.read_pair_list`.
         batch_size: pairs per forward pass (a batch with skipped pairs runs the ones left).
         max_image_pixels: as :func:`describe`'s.
@@ -152,7 +162,7 @@ def caption_pair_list(
             ``vocabulary``).
     """
     transform = ImageTransform(model.config.image_size, max_image_pixels)
-    device = next(model.parameters()).device
+    device = _device_of(model)
     quiet = None if progress is None else not progress  # tqdm: None disables the bar where stderr is no terminal
     with tqdm(total=len(pairs), unit="pair", disable=quiet, file=sys.stderr, dynamic_ncols=True) as bar:
         for start in range(0, len(pairs), batch_size):
@@ -212,7 +222,9 @@ def _device(text: str) -> torch.device:
     return device
 
 
-def _describe_list(model: NAMC, pairs: list[ListedPair], args: argparse.Namespace, vocabulary: Shortlist | None) -> int:
+def _describe_list(
+    model: NAMC | OnnxCaptioner, pairs: list[ListedPair], args: argparse.Namespace, vocabulary: Shortlist | None
+) -> int:
     """``--pairs``: every listed pair's record as a JSON line (flushed per batch), then one summary line on stderr;
     1 where any pair was skipped."""
     model.eval()
@@ -256,7 +268,7 @@ def _describe_list(model: NAMC, pairs: list[ListedPair], args: argparse.Namespac
     return 0
 
 
-def _note_unknown_words(model: NAMC, captions: list[str], source: str) -> None:
+def _note_unknown_words(model: NAMC | OnnxCaptioner, captions: list[str], source: str) -> None:
     """One line on stderr naming the words of ``captions`` outside a word vocabulary: they are listed as [UNK], so
     decoding over the list can write "[UNK]" (CLIP's byte-level BPE has no unknown words)."""
     tokenizer = model.tokenizer
@@ -275,6 +287,20 @@ def _note_unknown_words(model: NAMC, captions: list[str], source: str) -> None:
 def _error(message: str, code: int) -> int:
     print(f"namc describe: error: {' '.join(str(message).split())}", file=sys.stderr)
     return code
+
+
+def _load_backend(args: argparse.Namespace, parser: argparse.ArgumentParser) -> NAMC | OnnxCaptioner:
+    """``--model`` on ``--backend``: torch loads the model onto ``--device``; onnxruntime and openvino load an export
+    folder on that runtime (CPU, fp32, greedy for now; a setting they do not run is a usage error)."""
+    if args.backend == "torch":
+        return load_model(args.model, pretraining=False).to(args.device)
+    if args.device.type != "cpu":
+        parser.error(f"argument --device: the {args.backend} backend runs on the CPU, not on {args.device}")
+    if args.precision != "fp32":
+        parser.error(f"argument --precision: {args.precision} is not available yet on the {args.backend} backend")
+    if args.beams != 1:
+        parser.error(f"argument --beams: the {args.backend} backend decodes greedily (--beams 1)")
+    return load_captioner(args.model, args.backend)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -297,7 +323,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return _error(f"--model: {err}", 2)
     try:
         pairs = None if args.pairs is None else read_pair_list(args.pairs)  # a bad list stops before the model loads
-        model = load_model(args.model, pretraining=False).to(args.device)
+        model = _load_backend(args, parser)
         limit = model.config.max_caption_len - 1
         if args.max_new_tokens is not None and args.max_new_tokens > limit:
             parser.error(f"argument --max-new-tokens: this model generates at most {limit} tokens")
@@ -330,6 +356,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except BrokenPipeError:  # the reader of stdout stopped (`namc describe --pairs LIST | head`): stop too
         return stdout_closed()
+    except RuntimeMissingError as err:  # --backend onnxruntime / openvino without its package: the extra to install
+        return _error(str(err), 2)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path on the command line
         return _error(str(err), 2)
     except (OSError, ValueError, WeightsError, pickle.UnpicklingError) as err:  # a file that cannot be used

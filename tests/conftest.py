@@ -13,7 +13,10 @@ stays fast because nothing slips into it unnoticed.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +24,7 @@ import torch
 
 SLOW_LIMIT_S = 5.0  # the fast tier's budget per test; the ``slow`` marker's description in pyproject.toml names it
 _SETUP_S = pytest.StashKey[float]()
+_METEOR_STARTED: list[bool] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,6 +65,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
         if message is not None:
             report.outcome = "failed"
             report.longrepr = f"{item.nodeid} {message}"
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """Start the METEOR JVM that caption scoring shares across the process (namc.lit's evaluator) as soon as a
+    collected module imports namc.lit: it loads its paraphrase table for seconds while collection and the first tests
+    run, instead of inside whichever test scores captions first."""
+    if _METEOR_STARTED or "namc.lit.modules" not in sys.modules or shutil.which("java") is None:
+        return
+    _METEOR_STARTED.append(True)
+    from namc.lit.modules import caption_evaluator
+
+    # without pycocoevalcap the tests that score captions say so themselves
+    with contextlib.suppress(ImportError, OSError, RuntimeError):
+        caption_evaluator()._meteor_scorer()  # starts the JVM without waiting for it
 
 
 @pytest.fixture(autouse=True)

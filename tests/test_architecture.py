@@ -28,6 +28,7 @@ RANKS = {
     "models": 2,
     "objectives": 3,
     "data": 3,
+    "deploy": 3,  # ONNX export and the runtimes' captioners over a trained model
     "eval": 4,
     "curate": 4.5,
     "lit": 5,
@@ -43,6 +44,9 @@ OPTIONAL = (
 )  # extras: imported inside the functions that need them
 # the [curate] extra: imported at module level only inside namc.curate, elsewhere inside the functions that need them
 CURATE = ("faiss", "sklearn", "webdataset", "pyarrow", "openai")
+# the [deploy] extra: imported inside the functions that need them, so that namc.inference imports without it (not
+# blocked in the core-install run below: torch itself looks for onnx)
+DEPLOY = ("onnx", "onnxruntime", "openvino")
 
 
 def _module_name(path: Path) -> str:
@@ -106,6 +110,8 @@ def test_the_training_stack_is_imported_only_in_namc_lit() -> None:
             if root in TRAINING_STACK and not inside_lit:
                 offending.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
             if root in OPTIONAL and at_top and not inside_lit:
+                offending.append(f"{path.relative_to(ROOT)}:{line} imports {target} at module level")
+            if root in DEPLOY and at_top:
                 offending.append(f"{path.relative_to(ROOT)}:{line} imports {target} at module level")
             if root in CURATE and at_top and not _module_name(path).startswith("namc.curate"):
                 offending.append(
@@ -209,6 +215,7 @@ def _run_core(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_model_library_works_without_the_training_stack(tmp_path: Path) -> None:
     from PIL import Image
 
@@ -250,6 +257,7 @@ def test_the_model_library_works_without_the_training_stack(tmp_path: Path) -> N
     assert result["heavy"] == []
 
 
+@pytest.mark.slow  # fresh interpreters
 def test_import_namc_is_cheap_and_versioned() -> None:
     code = "import sys, namc; print(namc.__version__, 'torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,17 +1,19 @@
-"""The tables of figures in README.md and docs/performance.md (benchmarks/tables.py): the committed tables are what
-the stored reports render to, and every cell is recomputed here from the reports and captions themselves, so a cell
-changed by hand, a renderer that reads the wrong field and a report replaced without rendering all fail."""
+"""The tables of figures in README.md and docs/ (benchmarks/tables.py): the committed tables are what the stored
+reports render to, and every cell is recomputed here from the reports and captions themselves, so a cell changed by
+hand, a renderer that reads the wrong field and a report replaced without rendering all fail."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import statistics
 from pathlib import Path
 
 import pytest
 
 from namc.eval.captions.cli import identical_captions
+from namc.experiment.report import aggregate, format_report
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -276,3 +278,198 @@ def test_demo_table_is_the_stored_seeds():
     mean, sd = measured["namc"]["noise_auroc"]
     assert abs(mean - statistics.mean(auroc)) <= 0.001 and abs(sd - statistics.stdev(auroc)) <= 0.001
     assert f"AUROC: {mean:.3f} ± {sd:.3f} ({', '.join(f'{v:.3f}' for v in auroc)})" in _block("README.md", "demo")
+
+
+# -------------------------------------------------------------------------------------------------------- the studies
+
+STUDIES = RESULTS / "xeon-shapes-studies"
+EXPERIMENTS = "docs/experiments.md"
+
+
+def _study(name: str) -> dict:
+    return json.loads((STUDIES / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def _summary_cell(stored: dict) -> str:
+    """A study report's cell: mean ± sd [95% t-interval], or a dash where nothing was measured."""
+    if stored["n"] == 0:
+        return "—"
+    return f"{stored['mean']:.2f} ± {stored['sd']:.2f} [{stored['low']:.2f}, {stored['high']:.2f}]"
+
+
+def _shown_difference(cell: str) -> float:
+    """The signed mean at the start of a paired-difference cell such as "-0.66 [-5.15, 3.83], p=0.704"."""
+    assert cell[0] in "+-", cell
+    return float(cell.split(" ", 1)[0])
+
+
+def _all_differences() -> list[tuple[str, dict]]:
+    """Every stored paired difference of the studies, named."""
+    out = []
+    for name in ("table6", "table10"):
+        for variant, figures in _study(name)["variants"].items():
+            out += [(f"{name} {variant} {m}", f["paired"]) for m, f in figures.items() if "paired" in f]
+    for shift, diff in _study("table10")["namc_minus_no_nim_mir"]["shifts"].items():
+        out.append((f"table10 {shift}", diff))
+    for ratio, diffs in _study("figure3")["noise_minus_random"].items():
+        out += [(f"figure3 {ratio} {m}", d) for m, d in diffs.items()]
+    return out
+
+
+def test_study_tables_format_as_the_study_report():
+    # the renderers, given the figures aggregate() computes, write the tables `namc experiment report` writes
+    metrics, variants = ["test/CIDEr-D", "pretrain/noise_auroc"], ["namc", "no_mir", "no_pretraining"]
+    rows = []
+    for seed in range(3):
+        scores = {
+            "namc": {"test/CIDEr-D": 140 + 1.7 * seed, "pretrain/noise_auroc": 0.7 + 0.013 * seed},
+            "no_mir": {"test/CIDEr-D": 150 - 2.3 * seed + (seed == 1), "pretrain/noise_auroc": 0.7 + 0.013 * seed},
+            "no_pretraining": {"test/CIDEr-D": 120.0 + 9 * seed * seed},
+        }
+        rows += [{"variant": v, "seed": seed, "wall_s": 1.0, "metrics": scores[v]} for v in variants]
+    agg = aggregate(rows, variants, metrics, "namc")
+
+    def finite(obj, keys) -> dict:
+        return {k: getattr(obj, k) for k in keys if math.isfinite(getattr(obj, k))}
+
+    stored = {"reference": "namc", "metrics": metrics, "variants": {}}
+    for v in variants:
+        stored["variants"][v] = {}
+        for m in metrics:
+            s, p = agg[v][m]["summary"], agg[v][m]["paired"]
+            stored["variants"][v][m] = {"summary": {"n": s.n, **finite(s, ("mean", "sd", "low", "high"))}}
+            if p is not None:
+                stored["variants"][v][m]["paired"] = {"n": p.n, **finite(p.diff, ("mean", "low", "high"))}
+                stored["variants"][v][m]["paired"].update(finite(p, ("p",)))
+    report = [t for t in format_report("a study", rows, variants, metrics, "namc").strip().split("\n\n") if t[0] == "|"]
+    assert report == [tables.study_summaries(stored), tables.study_paired(stored)]
+    assert "| no_pretraining | 3 | " in report[0] and report[1].endswith("| n=0 |")
+
+
+def test_stored_study_differences_agree_with_their_intervals():
+    # a two-sided paired t-test has p < 0.05 exactly where the 95% t-interval leaves out zero (a rounded -0.00 is
+    # below it), and the interval holds the mean
+    differences = _all_differences()
+    assert len(differences) == 24 + 7 + 20
+    for name, d in differences:
+        if d["n"] == 0:
+            continue
+        assert d["low"] <= d["mean"] <= d["high"], name
+        below, above = math.copysign(1, d["high"]) < 0, math.copysign(1, d["low"]) > 0
+        assert (below or above) == (d["p"] < 0.05), name
+
+
+def _assert_table6(summary: list[list[str]], paired: list[list[str]]) -> None:
+    stored = _study("table6")
+    metrics, variants, reference = stored["metrics"], stored["variants"], stored["reference"]
+    assert summary[0] == ["variant", "n", *metrics] and paired[0] == ["variant", *metrics]
+    assert [r[0] for r in summary[1:]] == list(variants)
+    assert [r[0] for r in paired[1:]] == [v for v in variants if v != reference]
+    for variant, n, *cells in summary[1:]:
+        assert n == "5", variant
+        for metric, cell in zip(metrics, cells, strict=True):
+            assert cell == _summary_cell(variants[variant][metric]["summary"]), (variant, metric)
+    for variant, *cells in paired[1:]:
+        for metric, cell in zip(metrics, cells, strict=True):
+            d, figures = variants[variant][metric]["paired"], variants[variant][metric]["summary"]
+            if d["n"] == 0:
+                assert cell == "n=0" and figures["n"] == 0, (variant, metric)
+                continue
+            assert cell == f"{d['mean']:+.2f} [{d['low']:.2f}, {d['high']:.2f}], p={d['p']:.3f}", (variant, metric)
+            # over the same five seeds the mean difference is the difference of the means, to the digits shown
+            gap = figures["mean"] - variants[reference][metric]["summary"]["mean"]
+            assert abs(_shown_difference(cell) - gap) <= 0.015, (variant, metric)
+
+
+def test_table6_is_the_stored_study():
+    _assert_table6(_table(EXPERIMENTS, "study-table6"), _table(EXPERIMENTS, "study-table6-paired"))
+
+
+def test_a_cell_changed_by_hand_fails_the_study_check():
+    paired = _table(EXPERIMENTS, "study-table6-paired")
+    paired[1][1] = paired[1][1].replace("-0.66", "+0.66")
+    with pytest.raises(AssertionError):
+        _assert_table6(_table(EXPERIMENTS, "study-table6"), paired)
+
+
+def test_table10_is_the_stored_study():
+    stored, table6 = _study("table10"), _study("table6")
+    variants, metrics = stored["variants"], stored["metrics"]
+    summary = _table(EXPERIMENTS, "study-table10")
+    assert summary[0] == ["variant", "n", *metrics] and [r[0] for r in summary[1:]] == list(variants)
+    for variant, n, *cells in summary[1:]:
+        assert [n, *cells] == ["5", *(_summary_cell(variants[variant][m]["summary"]) for m in metrics)], variant
+    # the clean fine-tunings are Table 6's runs of the same two models, to the last digit
+    for clean, same in (("namc_clean", "namc"), ("no_nim_mir_clean", "no_nim_mir")):
+        for m in metrics:
+            assert variants[clean][m]["summary"] == table6["variants"][same][m]["summary"], (clean, m)
+    shifts = stored["namc_minus_no_nim_mir"]["shifts"]
+    rows = _table(EXPERIMENTS, "study-table10-shifts")
+    assert [r[0] for r in rows[1:]] == list(shifts)
+    for shift, namc, without, cell, distinct in rows[1:]:
+        arms = [variants[f"{arm}_{shift}"] for arm in ("namc", "no_nim_mir")]
+        cider = [a["test/CIDEr-D"]["summary"] for a in arms]
+        assert [namc, without] == [f"{s['mean']:.2f} ± {s['sd']:.2f}" for s in cider], shift
+        d = shifts[shift]
+        assert cell == f"{d['mean']:+.1f} [{d['low']:.1f}, {d['high']:.1f}], p={d['p']:.3f}", shift
+        assert abs(_shown_difference(cell) - (cider[0]["mean"] - cider[1]["mean"])) <= 0.06, shift
+        assert distinct == " / ".join(f"{a['test/distinct_captions']['summary']['mean']:.1f}" for a in arms), shift
+    # clean: Table 6's difference of the model without NIM and MIR from NAMC, the other way round
+    clean = table6["variants"]["no_nim_mir"]["test/CIDEr-D"]["paired"]
+    assert shifts["clean"] == {
+        "n": 5,
+        "mean": round(-clean["mean"], 1),
+        "low": round(-clean["high"], 1),
+        "high": round(-clean["low"], 1),
+        "p": clean["p"],
+    }
+
+
+def test_figure3_is_the_stored_study():
+    stored = _study("figure3")
+    rows = _table(EXPERIMENTS, "study-figure3")
+    diffs = stored["noise_minus_random"]
+    assert len(rows) == 1 + len(diffs) == 11
+    for row, (ratio, diff) in zip(rows[1:], diffs.items(), strict=True):
+        assert row[:2] == [{"pt": "text (p_T)", "pi": "image (p_I)"}[ratio[:2]], f"{float(ratio[2:]):.2f}"]
+        noise, random = (stored["variants"][f"{arm}_{ratio}"] for arm in ("noise", "random"))
+        for metric, digits, (arm_cells, cell) in (
+            ("test/CIDEr-D", 2, (row[2:4], row[4])),
+            ("pretrain/noise_auroc", 3, (row[5:7], row[7])),
+        ):
+            means = [a[metric]["summary"] for a in (noise, random)]
+            shown = [f"{s['mean']:.{digits}f}" + (f" ± {s['sd']:.{digits}f}" if "sd" in s else "") for s in means]
+            assert arm_cells == shown, (ratio, metric)
+            d = diff[metric]
+            assert cell.endswith(f"p={d['p']:.{2 if d['p'] >= 0.1 else 3}f}"), (ratio, metric)
+            assert _shown_difference(cell) == round(d["mean"], digits), (ratio, metric)
+            gap = means[0]["mean"] - means[1]["mean"]
+            assert abs(_shown_difference(cell) - gap) <= 1.5 * 10**-digits, (ratio, metric)
+
+
+def test_preference_tables_are_the_stored_runs():
+    stored = _study("preference")
+    chance = stored["chance"]
+    # 400 items, 50 per category: overall accuracy is the mean over the categories (to the rounding of each)
+    assert abs(chance["overall"] - statistics.mean(v for k, v in chance.items() if k != "overall")) <= 0.05
+    for part in ("one_model", "demo_seeds"):
+        models = stored[part]["models"]
+        for scores, block in (("minimal_pairs", "choice"), ("CIDEr-D", "cider")):
+            table = _table(EXPERIMENTS, f"study-preference-{part.replace('_', '-')}-{block}")
+            columns = list(next(iter(models.values()))[scores])
+            assert table[0] == ["model", "runs", *("CIDEr-D" if c == "all" else c for c in columns)]
+            body = table[1:]
+            if scores == "minimal_pairs":
+                assert body[0] == ["chance", "", *(f"{chance[c]:.1f}" for c in columns)]
+                body = body[1:]
+            assert [r[0] for r in body] == list(models)
+            for name, runs, *cells in body:
+                model = models[name]
+                assert runs == str(model["runs"]), (part, name)
+                for column, cell in zip(columns, cells, strict=True):
+                    f = model[scores][column]
+                    assert ("sd" in f) == (model["runs"] > 1), (part, name, column)
+                    assert cell == f"{f['mean']:.1f}" + (f" ± {f['sd']:.1f}" if "sd" in f else ""), (part, name, column)
+                if scores == "minimal_pairs":
+                    categories = [f["mean"] for c, f in model[scores].items() if c != "overall"]
+                    assert abs(model[scores]["overall"]["mean"] - statistics.mean(categories)) <= 0.1, (part, name)

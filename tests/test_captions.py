@@ -90,6 +90,7 @@ def _pycocoevalcap_scores(
     }
 
 
+@pytest.mark.slow  # the module's METEOR JVM loads its paraphrase table (seconds)
 def test_reproduces_pycocoevalcap_x100(evaluator, scores):
     # pycocoevalcap's own Meteor object; we borrow the evaluator's running one rather than wait for a second JVM
     # (each METEOR EVAL request is independent of earlier ones).
@@ -118,6 +119,7 @@ def test_ptb_tokenize_matches_pycocoevalcap_and_keeps_lines_aligned():
     assert ptb_tokenize(tricky) == {"a": ["the red cube", "a blue ball"], "b": [""], "c": ["last one"]}
 
 
+@pytest.mark.slow  # the module's METEOR JVM
 def test_per_type_scores_are_subset_scores(evaluator, scores):
     assert set(scores["per_type"]) == set(TYPES.values())
     assert scores["per_type_num_pairs"] == {"add": 2, "color": 1, "distractor": 1, "drop": 1, "material": 1, "move": 2}
@@ -130,6 +132,7 @@ def test_per_type_scores_are_subset_scores(evaluator, scores):
     assert scores["per_type"]["add"]["CIDEr-D"] != pytest.approx(scores["overall"]["CIDEr-D"])
 
 
+@pytest.mark.slow  # the module's METEOR JVM
 def test_spice_reported_unavailable_not_zero(scores):
     available, reason = spice_status()
     if available:
@@ -141,6 +144,7 @@ def test_spice_reported_unavailable_not_zero(scores):
     assert not (metrics._spice_dir() / "lib" / "stanford-corenlp-3.6.0.jar").exists()
 
 
+@pytest.mark.slow  # the module's METEOR JVM
 def test_spice_disabled(evaluator):
     ids = ["000001.png", "000006.png"]
     evaluator.spice = False
@@ -152,6 +156,7 @@ def test_spice_disabled(evaluator):
     assert "per_type" not in out
 
 
+@pytest.mark.slow  # the module's METEOR JVM
 def test_perfect_predictions_beat_shuffled(evaluator):
     perfect = {k: refs[0] for k, refs in REFERENCES.items()}
     keys = list(REFERENCES)
@@ -199,6 +204,7 @@ def test_id_mismatch_message_is_short():
     assert "x039" not in str(info.value)
 
 
+@pytest.mark.slow  # the module's METEOR JVM
 def test_write_results_round_trip(tmp_path, scores):
     path = write_results(tmp_path / "sub" / "results.json", PREDICTIONS, REFERENCES, scores)
     data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -211,6 +217,7 @@ def test_write_results_round_trip(tmp_path, scores):
     }
 
 
+@pytest.mark.slow  # starts a METEOR JVM
 def test_close_stops_the_jvm():
     ev = CaptionEvaluator(spice=False)
     process = ev._meteor_scorer().meteor_p  # starts the JVM without waiting for it
@@ -220,6 +227,7 @@ def test_close_stops_the_jvm():
     ev.close()  # idempotent
 
 
+@pytest.mark.slow  # each run starts its own METEOR JVM
 def test_cli_coco_results_and_type_mapping(tmp_path, capsys):
     ids = ["000001.png", "000002.png", "000006.png"]
     (tmp_path / "pred.json").write_text(json.dumps([{"image_id": k, "caption": PREDICTIONS[k]} for k in ids]))
@@ -235,6 +243,7 @@ def test_cli_coco_results_and_type_mapping(tmp_path, capsys):
     assert saved["per_type_num_pairs"] == {"distractor": 1, "drop": 1, "move": 1}
 
 
+@pytest.mark.slow  # each run starts its own METEOR JVM
 def test_cli_reads_results_files_and_compares_two_runs(tmp_path, capsys, scores):
     """`namc eval` takes what `namc test` writes (predictions and references) and counts identical captions."""
     first = write_results(tmp_path / "fp32.json", PREDICTIONS, REFERENCES, scores)

@@ -198,6 +198,7 @@ def test_describe_captions_a_list_of_pairs(tmp_path: Path, capsys: pytest.Captur
         assert exit_info.value.code == 2 and words in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a namc process
 def test_describe_stops_quietly_when_its_reader_does(tmp_path: Path) -> None:
     """``namc describe --pairs LIST | head -1``: once the reader closes the pipe the command stops, with 141 (as
     SIGPIPE would end it) and nothing on stderr, not a "Broken pipe" error or a traceback."""
@@ -218,6 +219,7 @@ def test_describe_stops_quietly_when_its_reader_does(tmp_path: Path) -> None:
     assert child.returncode == 141 and err.decode() == "", err.decode()
 
 
+@pytest.mark.slow  # four LightningCLI runs
 def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
     bench = tmp_path / "bench"
     generate_benchmark(bench, 10, image_size=32, seed=0, n_captions=2)
@@ -305,6 +307,7 @@ print("torch" in sys.modules, status or 0)
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize(
     ("argv", "status", "words"),
     [

@@ -110,6 +110,7 @@ def _counting(graphs: list[fx.GraphModule]):
     return backend
 
 
+@pytest.mark.slow  # torch.compile, two graphs
 def test_a_compiled_step_traces_batch_1_and_one_larger_batch():
     """The graphs traced for batch 2 serve every larger batch: none is guarded to a size that a test in the step
     took one side of (the GELU's size and parity tests had made odd batches, and batches over 32 rows of this
@@ -130,6 +131,7 @@ def test_a_compiled_step_traces_batch_1_and_one_larger_batch():
     assert 0 < traced[0] < traced[1] == traced[-1]  # batch 1, then batch 2 for every larger batch
 
 
+@pytest.mark.slow  # torch.compile, several graphs
 def test_a_frozen_step_compiles_again_for_every_version_of_its_weights():
     """Dynamo counts graphs against its recompile limit per code object, dead ones included: each frozen step has a
     ``forward`` of its own, so a new version of the weights is compiled however many came before it, rather than

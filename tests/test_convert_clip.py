@@ -110,6 +110,7 @@ print("torch" in sys.modules, status or 0)
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize(
     ("argv", "status", "words"),
     [

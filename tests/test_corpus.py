@@ -291,6 +291,7 @@ def test_bad_manifest_entries_are_skipped_and_counted_across_workers(tmp_path: P
     assert ds.issues.seen == 13 and ds.issues.skipped == 5
 
 
+@pytest.mark.slow
 def test_one_percent_corrupt_files_is_reported(tmp_path: Path) -> None:
     manifest = _corpus(tmp_path, 200)
     recs = _lines(manifest)

@@ -217,6 +217,7 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+@pytest.mark.slow  # namc processes killed and resumed
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(shapes: dict, tmp_path: Path) -> None:
     n = 24
     pairs = tmp_path / "pairs.jsonl"

@@ -138,6 +138,7 @@ def test_union_deduplicates_both_orders() -> None:
     assert [(p.row1, p.row2, p.cluster) for p in pairs] == [(0, 1, 0), (0, 2, 1)]
 
 
+@pytest.mark.slow
 def test_mining_is_deterministic_and_workers_agree() -> None:
     rng = np.random.default_rng(0)
     clip, dino = _clustered(rng, 1000, 64, 48, 20)

@@ -114,6 +114,7 @@ def _fit(manifest: Path, out: Path, devices: int) -> None:
     trainer.fit(module, datamodule=dm)
 
 
+@pytest.mark.slow  # two spawned ranks
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 def test_ddp_gathers_negatives_and_matches_a_single_process(tmp_path: Path) -> None:
     manifest = _corpus(tmp_path / "corpus")
@@ -171,6 +172,7 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned ranks
 def test_all_gather_with_grad_pads_and_routes_gradients(tmp_path: Path) -> None:
     import socket
 
@@ -187,6 +189,7 @@ def test_all_gather_with_grad_pads_and_routes_gradients(tmp_path: Path) -> None:
     assert torch.equal(r1["grad"], torch.tensor([[4.0] * 4, [6.0] * 4]))
 
 
+@pytest.mark.slow  # two spawned ranks
 def test_ddp_validation_metrics_equal_a_single_process(tmp_path: Path) -> None:
     from namc.data.synthetic import generate_benchmark
     from namc.lit import FinetuneModule

@@ -72,6 +72,7 @@ def _finish_steps(ids: torch.Tensor, eos_id: int) -> list[int]:
     return [row.index(eos_id) + 1 if eos_id in row else 0 for row in ids.tolist()]
 
 
+@pytest.mark.slow  # the module's fixture trains a model
 def test_rows_finish_at_different_steps(trained):
     model, im1, im2, captions = trained
     ids = model.generate_ids(im1, im2, max_new_tokens=23)
@@ -83,6 +84,7 @@ def test_rows_finish_at_different_steps(trained):
         assert all(t == model.tokenizer.pad_id for t in row[len(cap) :])
 
 
+@pytest.mark.slow  # the trained fixture
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("max_new_tokens", [1, 4, 23])
 def test_optimised_equals_reference_decoder(trained, batch, max_new_tokens):
@@ -95,6 +97,7 @@ def test_optimised_equals_reference_decoder(trained, batch, max_new_tokens):
     assert torch.equal(fast, naive)
 
 
+@pytest.mark.slow  # the trained fixture
 def test_reference_equality_with_mixed_lengths_in_one_batch(trained):
     """A batch that drops finished rows several times (the decoder compacts once a quarter of the rows ended)."""
     model, im1, im2, captions = trained
@@ -104,6 +107,7 @@ def test_reference_equality_with_mixed_lengths_in_one_batch(trained):
     assert _finish_steps(fast, model.tokenizer.eos_id) == [len(captions[i]) for i in order.tolist()]
 
 
+@pytest.mark.slow  # the trained fixture
 def test_cached_equals_uncached_on_trained_model(trained):
     model, im1, im2, _ = trained
     memory = model.encode_pair(im1, im2)
@@ -273,6 +277,7 @@ def test_residual_in_place_at_inference_only():
         assert torch.equal(block(y, ctx), fast)  # the out-of-place path, the same values to the bit
 
 
+@pytest.mark.slow  # the trained fixture
 def test_beam_size_one_equals_greedy(trained):
     model, im1, im2, _ = trained
     memory = model.encode_pair(im1, im2)
@@ -291,6 +296,7 @@ def test_beam_size_one_equals_greedy_random_weights(one_thread):
     assert torch.equal(beam, fdg.generate(memory, 15))
 
 
+@pytest.mark.slow  # the trained fixture
 @pytest.mark.parametrize("num_beams", [2, 4])
 def test_beam_search_returns_valid_sequences(trained, num_beams):
     model, im1, im2, captions = trained

@@ -16,6 +16,7 @@ from namc.models.namc import NAMC
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the demo
 def test_demo_fast_end_to_end(tmp_path: Path, capsys) -> None:
     out = tmp_path / "demo"
     assert main(["demo", "--fast", "--out", str(out), "--workers", "1"]) == 0

@@ -141,6 +141,7 @@ def test_a_snapshot_without_a_config_is_not_a_namc_model(cache: Path, tmp_path: 
         resolve_model_path("hf-hub:org/other")
 
 
+@pytest.mark.slow  # a namc process
 def test_describe_cli_with_a_hub_id_end_to_end(tmp_path: Path, saved: dict[str, Path]) -> None:
     """``namc describe --model hf-hub:...`` in a fresh process: the cache comes from HF_HOME, offline mode is on."""
     home = tmp_path / "hf_home"
@@ -197,6 +198,7 @@ def test_push_to_hub_in_offline_mode_is_a_clear_error(cache: Path, saved: dict[s
         namc.push_to_hub(NAMC.from_pretrained(saved["main"]), "org/tiny")
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_push_to_hub_without_a_token_says_how_to_log_in(tmp_path: Path, saved: dict[str, Path]) -> None:
     """Online mode but no token (none in the environment, no login in HF_HOME): an error before any request."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}

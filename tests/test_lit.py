@@ -231,6 +231,7 @@ def test_optimizer_groups_and_cosine_minimums(pretrained_ckpt: dict) -> None:
     assert [f(10**9) for f in sched.lr_lambdas] == pytest.approx([0.1, 1 / 3])  # 1e-5 and 1e-4 at the end
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_and_export(pretrained_ckpt: dict, tmp_path) -> None:
     module, path = pretrained_ckpt["module"], pretrained_ckpt["path"]
     net = load_model(path)
@@ -299,6 +300,7 @@ def test_finetune_from_pretraining_checkpoint_fast_dev_run(shapes: dict, pretrai
     assert predictions[0][0]["id"] == "a.png|a.png" and isinstance(predictions[0][0]["caption"], str)
 
 
+@pytest.mark.slow
 def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_ckpt: dict, tmp_path: Path) -> None:
     path = str(pretrained_ckpt["path"])
     dm = BenchmarkDataModule(
@@ -352,6 +354,7 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
         assert own is None if pairs == 0 else own not in (None, saved)
 
 
+@pytest.mark.slow
 def test_a_fine_tuned_model_keeps_its_training_shortlist(shapes: dict, pretrained_ckpt: dict, tmp_path) -> None:
     path = str(pretrained_ckpt["path"])
     dm = BenchmarkDataModule(
@@ -396,6 +399,7 @@ def test_a_fine_tuned_model_keeps_its_training_shortlist(shapes: dict, pretraine
         module.setup("test")  # no trainer, so no datamodule
 
 
+@pytest.mark.slow
 def test_finetune_can_train_the_grid_encoder(shapes: dict, pretrained_ckpt: dict) -> None:
     path = str(pretrained_ckpt["path"])
     dm = BenchmarkDataModule(

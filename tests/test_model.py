@@ -102,6 +102,7 @@ def test_pretrain_step_losses_and_gradients(model, batch):
     assert not model.grid.training and not model.vqgan.training  # frozen parts stay in eval mode
 
 
+@pytest.mark.slow  # 40 training steps
 def test_overfit_one_batch(model, batch):
     torch.manual_seed(0)
     batch = dict(batch, codes1=model.vqgan(batch["image1"]), codes2=model.vqgan(batch["image2"]))  # precomputed

@@ -10,6 +10,7 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_quickstart_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's tempfile.mkdtemp: nothing left in /tmp

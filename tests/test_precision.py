@@ -113,6 +113,7 @@ def int8_layer_kernels(twin: torch.nn.Module) -> set[str]:
     return {m.kernels for m in [*twin.modules(), *step] if isinstance(m, DynamicLinear)}
 
 
+@pytest.mark.slow  # the module's fixture trains a model
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid", "int8 static grid, plain kernels"])
 def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch):
     """bf16 and int8 against fp32; int8 also with the grid in static int8, and on the plain int8 kernels that take
@@ -138,6 +139,7 @@ def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch)
     assert sum(same) / len(same) >= MIN_IDENTICAL, list(zip(fp32, low))
 
 
+@pytest.mark.slow  # the trained fixture
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_pairs_caption_alone_and_in_a_batch(trained, precision):
     """fp32 captions a pair the same alone as among 47 others (its logits move by float rounding only: 3e-6 on
@@ -156,12 +158,14 @@ def test_a_pairs_caption_alone_and_in_a_batch(trained, precision):
     assert sum(same) / len(same) >= MIN_IDENTICAL, list(zip(together, alone))
 
 
+@pytest.mark.slow  # the trained fixture
 def test_fp32_is_the_model_itself(trained):
     model, images_1, images_2 = trained
     assert inference_copy(model, "fp32") is model
     assert torch.equal(model.generate_ids(images_1, images_2), model.generate_ids(images_1, images_2, precision="fp32"))
 
 
+@pytest.mark.slow  # the trained fixture
 def test_copies_are_reused_and_rebuilt_after_training(trained, monkeypatch):
     model = copy.deepcopy(trained[0])
     first = inference_copy(model, "bf16")
@@ -186,6 +190,7 @@ def test_copies_are_reused_and_rebuilt_after_training(trained, monkeypatch):
     assert inference_copy(model, "int8") is not int8 and inference_copy(model, "bf16") is second
 
 
+@pytest.mark.slow  # the trained fixture
 @pytest.mark.parametrize("amx", [False, True])
 def test_int8_copy_packs_every_step_matrix(trained, amx, monkeypatch):
     """Every decoding matrix of the int8 copy is dynamic int8; so is every MIR layer, but on a CPU with AMX (set here
@@ -225,6 +230,7 @@ def test_int8_copy_packs_every_step_matrix(trained, amx, monkeypatch):
             assert all(t.dtype == dtype and t.is_contiguous() for kv in cross_kv for t in kv)
 
 
+@pytest.mark.slow  # the trained fixture
 @pytest.mark.skipif(not onednn.linear_available(), reason="this torch build has no oneDNN linear kernel")
 @needs_bf16
 def test_bf16_copy_prepacks_every_step_matrix(trained):
@@ -401,6 +407,7 @@ def test_first_bf16_call_builds_the_fused_copy(monkeypatch):
     assert twin.fdg._packed_step[0].vocab[0].is_mkldnn
 
 
+@pytest.mark.slow  # the trained fixture
 @needs_bf16
 def test_bf16_without_onednn(trained, monkeypatch):
     """A torch build without oneDNN's kernels: the bf16 copy keeps the grid in fp32 (bf16 convolutions pay only
@@ -418,6 +425,7 @@ def test_bf16_without_onednn(trained, monkeypatch):
     assert all(same[:PAIRS]) and sum(same) / len(same) >= MIN_IDENTICAL
 
 
+@pytest.mark.slow  # the trained fixture
 def test_bf16_on_a_cpu_without_onednn_bf16(trained, monkeypatch):
     """Where oneDNN has no bf16 (an AVX2-only CPU, where PyTorch's fallback kernels run bf16 several times slower
     than fp32, and oneDNN refuses bf16 reorders), the bf16 copy keeps every part in fp32, its grid folded and fused
@@ -489,6 +497,7 @@ def _png(path, seed: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # the trained fixture
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid"])
 def test_describe_precision_flag(trained, tmp_path, capsys, precision):
     model = trained[0]

@@ -359,6 +359,7 @@ def _same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return True
 
 
+@pytest.mark.slow  # every resume point of two epochs, with workers
 @pytest.mark.parametrize("kind", ["corpus", "benchmark"])
 def test_loader_resumes_after_every_batch(data: dict[str, Path], kind: str) -> None:
     """Stopped after any batch k of an epoch, a fresh loader given the saved state yields exactly the batches the
@@ -445,11 +446,8 @@ def _stage(data: dict[str, Path], stage: str, devices: int) -> dict[str, Any]:
     return STAGES[stage](data, workers=2 if devices == 1 else 1)
 
 
-@pytest.mark.parametrize(
-    "stage",
-    # fine-tuning's data side is covered fast by test_loader_resumes_after_every_batch[benchmark]
-    ["pretrain", pytest.param("finetune", marks=pytest.mark.slow)],
-)
+@pytest.mark.slow  # namc fit processes
+@pytest.mark.parametrize("stage", ["pretrain", "finetune"])
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(data, reference, tmp_path: Path, stage: str) -> None:
     """One process, 2 DataLoader workers: killed three times, resumed three times, every final tensor equal."""
     full = reference(stage, 1)
@@ -469,6 +467,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical_under_ddp(data, referenc
 # ------------------------------------------------------------------------------------------------ atomic checkpoints
 
 
+@pytest.mark.slow  # namc fit processes
 def test_a_kill_during_a_checkpoint_write_leaves_last_usable(data, reference, tmp_path: Path) -> None:
     """The save of step 5 dies 3 MB into its 7 MB write (SIGXFSZ): ``last.ckpt`` is still step 4's, whole; the
     partial file is one that ``--ckpt_path last`` does not pick, the resumed run removes it and ends bit-identical."""

@@ -55,6 +55,7 @@ def _probe(env_extra: dict[str, str] | None = None) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_large_tensors_come_from_the_heap_once_applied():
     out = _probe()
     assert out["before"] >= 64 << 20  # glibc's default: a fresh mapping for the tensor
@@ -63,6 +64,7 @@ def test_large_tensors_come_from_the_heap_once_applied():
     assert out["settings"] == {"glibc": platform.libc_ver()[1], "ld_preload": None, "reuse_freed_memory": True}
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_preloaded_allocator_is_left_alone():
     out = _probe({"LD_PRELOAD": "libc.so.6"})  # harmless to preload; stands for jemalloc / tcmalloc
     assert out["applied"] is False and out["again"] is False

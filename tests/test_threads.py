@@ -61,6 +61,7 @@ def _python(code: str, policy: str | None) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow  # a fresh interpreter per policy
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
@@ -75,6 +76,7 @@ def test_small_products_run_on_one_thread_only_where_idle_threads_sleep(policy, 
     assert _python(PROBE, policy) == expected
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_one_thread_gives_the_same_results():
     """Dynamic int8 and fp32 products, LayerNorm, GELU, the greedy pick and whole greedy decodings in fp32 and int8,
     equal to the bit with small products on one thread and on two."""

@@ -44,12 +44,14 @@ def report(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # the module's report runs the benchmark with the full-size peer
 def test_report_matches_schema(report):
     assert report["schema_version"] == tp.SCHEMA_VERSION == 11
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
 
+@pytest.mark.slow  # the report fixture
 def test_report_matches_jsonschema_package(report):
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(report, tp.REPORT_SCHEMA)
@@ -66,6 +68,7 @@ def test_documented_schema_is_the_code_schema():
     assert json.loads(blocks[0]) == json.loads(json.dumps(tp.REPORT_SCHEMA))
 
 
+@pytest.mark.slow  # the report fixture
 def test_documented_tables_name_every_field(report):
     """Every key the report writes appears in the documentation as a `field`."""
     text = DOC.read_text()
@@ -83,6 +86,7 @@ def test_documented_tables_name_every_field(report):
     assert missing == []
 
 
+@pytest.mark.slow  # the report fixture
 def test_report_contents(report):
     s = report["settings"]
     assert s["batch_sizes"] == [1, 3] and s["threads"] == 1 and s["length_mode"] == "fixed"
@@ -132,6 +136,7 @@ def test_report_contents(report):
     assert report["paper_table5"][-1] == {"model": "NAMC (Ours)", "parameters": 64_200_000, "tokens_per_s": 2248.53}
 
 
+@pytest.mark.slow  # the report fixture
 def test_printed_parameter_parts_add_up_to_the_inference_count(report):
     # the table's parts are what runs at inference: MIR without its pre-training heads (namc_base printed 34.0M for
     # MIR, its 13.0M heads included, beside an inference total of 105.5M that leaves them out); namc_base's counts
@@ -227,6 +232,7 @@ def test_static_decode_run(length_mode):
     assert [r["tokens_match"] for r in report["reference"]] == [True, True]
 
 
+@pytest.mark.slow  # the report fixture
 def test_validate_report_finds_problems(report):
     broken = json.loads(json.dumps(report))
     del broken["machine"]["torch_version"]
@@ -314,6 +320,7 @@ def test_unknown_model_is_a_clear_error():
         tp.load_model("no_such_model", torch.device("cpu"))
 
 
+@pytest.mark.slow  # a benchmark process
 def test_omp_wait_policy_reruns_in_a_child_process(tmp_path, monkeypatch):
     """OpenMP reads OMP_WAIT_POLICY when torch loads: the flag re-runs the benchmark in a child that has it set.
     The child, a process of its own, also applies ``--allocator reuse`` (tests/test_runtime.py checks what that
@@ -359,6 +366,7 @@ def test_low_precision_run(tmp_path, capsys, precision, grid):
     assert ("no oneDNN bf16 here" in machine) is (precision == "bf16" and not BF16)
 
 
+@pytest.mark.slow  # the full-size peer
 def test_peer_at_its_own_precision(tmp_path, capsys):
     """``--reference-precision``: namc in int8 against the peer in bf16 (each at its fastest on a CPU with AMX), in
     one interleaved run; the report and the printed peer line say which precision the peer ran in."""
@@ -410,6 +418,7 @@ def test_int8_grid_of_a_calibrated_model(tmp_path):
             assert int8_calibration(m) == before
 
 
+@pytest.mark.slow  # the full-size peer
 def test_clip4idc_peer_decodes_from_its_memory():
     """The peer: 100 visual tokens of width 512 from a pair, the prefix re-run at every step, one id per step."""
     torch.manual_seed(0)
@@ -478,6 +487,7 @@ def test_projected_attention_is_multihead_attention(precision: str, batch_first:
         form(queries, other, other)
 
 
+@pytest.mark.slow  # the full-size peer
 @pytest.mark.parametrize("precision", ["int8", "bf16", "fp32"])
 def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     """The peer is converted as fully as namc: no linear map of its inference path stays as it was (PyTorch's dynamic
@@ -512,6 +522,7 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
         assert float((got.float() - want).norm() / want.norm()) < bound
 
 
+@pytest.mark.slow  # the full-size peer
 @pytest.mark.skipif(not BF16, reason="oneDNN has no bf16 on this CPU (AVX2 only)")
 def test_int8_peer_runs_its_memory_side_in_bf16_where_namc_does(monkeypatch) -> None:
     """On a CPU with AMX (set here) namc's int8 copy runs MIR and its cross-attention keys / values in bf16, so the
