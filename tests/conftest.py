@@ -24,7 +24,7 @@ import torch
 
 SLOW_LIMIT_S = 5.0  # the fast tier's budget per test; the ``slow`` marker's description in pyproject.toml names it
 _SETUP_S = pytest.StashKey[float]()
-_METEOR_STARTED: list[bool] = []
+_METEOR: list = []  # the started evaluator, once a collected module imports namc.lit
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,16 +69,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     """Start the METEOR JVM that caption scoring shares across the process (namc.lit's evaluator) as soon as a
-    collected module imports namc.lit: it loads its paraphrase table for seconds while collection and the first tests
-    run, instead of inside whichever test scores captions first."""
-    if _METEOR_STARTED or "namc.lit.modules" not in sys.modules or shutil.which("java") is None:
+    collected module imports namc.lit: it loads its paraphrase table for seconds while collection goes on."""
+    if _METEOR or "namc.lit.modules" not in sys.modules or shutil.which("java") is None:
         return
-    _METEOR_STARTED.append(True)
     from namc.lit.modules import caption_evaluator
 
-    # without pycocoevalcap the tests that score captions say so themselves
-    with contextlib.suppress(ImportError, OSError, RuntimeError):
-        caption_evaluator()._meteor_scorer()  # starts the JVM without waiting for it
+    evaluator = caption_evaluator()
+    with contextlib.suppress(ImportError, OSError, RuntimeError):  # no pycocoevalcap: those tests say so themselves
+        evaluator._meteor_scorer()  # starts the JVM without waiting for it
+        _METEOR.append(evaluator)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Wait until that JVM answers before the first test, so that no test is charged for its start."""
+    if _METEOR and session.items and not session.config.option.collectonly:
+        with contextlib.suppress(OSError, RuntimeError):
+            _METEOR[0]._meteor_score({"0": ["a"]}, {"0": ["a"]})
 
 
 @pytest.fixture(autouse=True)

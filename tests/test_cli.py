@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +80,7 @@ def test_links_follow_the_preset_and_the_pretrained_model(tmp_path: Path) -> Non
     assert model_settings(model(model="namc_base", pretrained=str(tmp_path / "nope"))).image_size == 224
 
 
+@pytest.mark.slow  # builds namc_base
 def test_missing_benchmark_names_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     config = REPO / "configs" / "finetune" / "clevr_change.yaml"
@@ -87,6 +90,19 @@ def test_missing_benchmark_names_the_download(tmp_path: Path, monkeypatch: pytes
         FileNotFoundError, match=r"CLEVR-Change not found at data/clevr_change.*RobustChangeCaptioning.*images"
     ):
         cli.datamodule.setup("fit")
+
+
+def test_missing_benchmark_names_the_download_before_any_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test above without building the config's namc_base: the shipped config's data module, set up alone."""
+    from namc.lit.datamodules import BenchmarkDataModule
+
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load((REPO / "configs" / "finetune" / "clevr_change.yaml").read_text())["data"]["init_args"]
+    module = BenchmarkDataModule(data["name"], data["root"])
+    with pytest.raises(
+        FileNotFoundError, match=r"CLEVR-Change not found at data/clevr_change.*RobustChangeCaptioning.*images"
+    ):
+        module.setup("fit")
 
 
 def test_missing_pretrained_model_names_the_pretraining_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,6 +235,26 @@ def test_describe_stops_quietly_when_its_reader_does(tmp_path: Path) -> None:
     assert child.returncode == 141 and err.decode() == "", err.decode()
 
 
+def test_describe_stops_quietly_when_stdout_is_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The run above in this process: stdout is a pipe whose reader is gone before the first record."""
+    torch.manual_seed(0)
+    model_dir = create_model("namc_tiny", pretraining=False).save_pretrained(tmp_path / "model")
+    pair = make_pair(0, 1)
+    render_scene(pair.before, 64).save(tmp_path / "a.png")
+    render_scene(pair.after, 64).save(tmp_path / "b.png")
+    (tmp_path / "pairs.txt").write_text("a.png b.png\n" * 40, encoding="utf-8")
+    read, write = os.pipe()
+    os.close(read)
+    with open(write, "w", encoding="utf-8") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        argv = ["describe", "--model", str(model_dir), "--pairs", str(tmp_path / "pairs.txt"), "--batch-size", "2"]
+        assert main(argv) == 141
+        monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.slow  # four LightningCLI runs
 def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
     bench = tmp_path / "bench"
@@ -279,6 +315,37 @@ def test_fit_test_and_predict_through_the_cli(tmp_path: Path) -> None:
     )  # one test pair + distractor
 
 
+def test_fit_and_predict_through_the_cli_in_one_step(tmp_path: Path) -> None:
+    """The runs above at their smallest: one training step without validation, the model exported, then predict."""
+    bench = tmp_path / "bench"
+    generate_benchmark(bench, 10, image_size=32, seed=0, n_captions=2)
+    run = tmp_path / "run"
+    tensorboard = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
+    tensorboard["init_args"] = {"save_dir": str(run), "name": "tb", "version": ""}
+    trainer = {"accelerator": "cpu", "max_steps": 1, "limit_val_batches": 0, "num_sanity_val_steps": 0}
+    trainer.update(default_root_dir=str(run), enable_progress_bar=False, logger=tensorboard)
+    trainer["callbacks"] = [{"class_path": "namc.lit.ExportModel"}, {"class_path": "namc.lit.CaptionWriter"}]
+    overrides = {"image_size": 32, "dim": 32, "heads": 2}
+    config = {
+        "seed_everything": 0,
+        "trainer": trainer,
+        "model": {"class_path": "namc.lit.FinetuneModule", "init_args": {"model": "namc_tiny", "overrides": overrides}},
+        "data": {
+            "class_path": "namc.lit.datamodules.BenchmarkDataModule",
+            "init_args": {"name": "clevr_change", "root": str(bench), "batch_size": 8, "num_workers": 0},
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["fit", "--config", str(path)]) == 0
+    assert (run / "tb" / "config.yaml").is_file()  # LightningCLI saved the resolved config
+    model_dir = run / "tb" / "model"
+    assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
+    assert main(["predict", "--config", str(path)]) == 0
+    predictions = json.loads((run / "tb" / "predictions.json").read_text())
+    assert predictions and all(isinstance(v, str) for v in predictions.values())
+
+
 def test_dispatch_and_usage(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     assert main([]) == 2 and "demo" in capsys.readouterr().out
     assert main(["--help"]) == 0
@@ -307,22 +374,24 @@ print("torch" in sys.modules, status or 0)
 """
 
 
+# `namc ARGV`: its exit status and words of what it prints; all answer before torch loads
+USAGE = [
+    (["describe", "--help"], 0, "--pairs LIST"),
+    (["describe", "a.png", "b.png"], 2, "the following arguments are required: --model"),
+    (["describe", "a.png", "--model", "m"], 2, "two image files are needed"),
+    (["describe", "a.png", "b.png", "--model", "m", "--precision", "fp8"], 2, "argument --precision"),
+    (["describe", "nope-1.png", "nope-2.png", "--model", "m"], 2, "image not found: nope-1.png"),
+    (["describe", "--pairs", "nope.txt", "--model", "m"], 2, "pair list not found: nope.txt"),
+    (["describe", "README.md", "README.md", "--model", "m", "--vocabulary", "docs"], 2, "file not found: docs (a"),
+    (["benchmark", "--help"], 0, "--omp-wait-policy"),
+    (["benchmark", "--device", "tpu9"], 2, "device must be cpu, cuda or cuda:N, got 'tpu9'"),
+    (["benchmark", "--dtype", "float16"], 2, "float16 is measured on CUDA only"),
+]
+
+
 @pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize(
-    ("argv", "status", "words"),
-    [
-        (["describe", "--help"], 0, "--pairs LIST"),
-        (["describe", "a.png", "b.png"], 2, "the following arguments are required: --model"),
-        (["describe", "a.png", "--model", "m"], 2, "two image files are needed"),
-        (["describe", "a.png", "b.png", "--model", "m", "--precision", "fp8"], 2, "argument --precision"),
-        (["describe", "nope-1.png", "nope-2.png", "--model", "m"], 2, "image not found: nope-1.png"),
-        (["describe", "--pairs", "nope.txt", "--model", "m"], 2, "pair list not found: nope.txt"),
-        (["describe", "README.md", "README.md", "--model", "m", "--vocabulary", "docs"], 2, "file not found: docs (a"),
-        (["benchmark", "--help"], 0, "--omp-wait-policy"),
-        (["benchmark", "--device", "tpu9"], 2, "device must be cpu, cuda or cuda:N, got 'tpu9'"),
-        (["benchmark", "--dtype", "float16"], 2, "float16 is measured on CUDA only"),
-    ],
-    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+    ("argv", "status", "words"), USAGE, ids=lambda value: " ".join(value) if isinstance(value, list) else None
 )
 def test_help_and_usage_errors_answer_before_torch_loads(argv: list[str], status: int, words: str) -> None:
     """``namc describe`` and ``namc benchmark`` parse and check their options without importing torch (6-8 s):
@@ -332,3 +401,73 @@ def test_help_and_usage_errors_answer_before_torch_loads(argv: list[str], status
     assert last == f"False {status}", proc.stdout + proc.stderr
     assert words in "\n".join(printed) + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "words"), USAGE, ids=lambda value: " ".join(value) if isinstance(value, list) else None
+)
+def test_help_and_usage_errors_in_this_process(
+    argv: list[str], status: int, words: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The exit status and message of each case above, without the fresh interpreter (the next test checks, from
+    the source, that these commands' modules import no torch)."""
+    monkeypatch.chdir(REPO)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    printed = capsys.readouterr()
+    assert (code or 0) == status and words in printed.out + printed.err
+    assert "Traceback" not in printed.err
+
+
+def _module_file(name: str) -> Path | None:
+    path = REPO.joinpath(*name.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_level_imports(name: str) -> set[str]:
+    """The modules a namc module imports when it is imported (not those its functions import when they run)."""
+    path = _module_file(name)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    body = list(ast.parse(path.read_text()).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            body += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            body += node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body]
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}")}
+    return found
+
+
+def test_the_torch_free_commands_import_no_torch_when_they_load() -> None:
+    """``namc --help``, ``namc describe``'s and ``namc benchmark``'s option checks and ``namc convert-clip --help``
+    run in the modules below and the namc modules they import as they load: none imports torch at module level."""
+    roots = ["namc", "namc.cli", "namc.describe_cli", "namc.convert_cli", "namc.eval.throughput.cli"]
+    seen, todo, outside = set(), list(roots), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]
+        for module in [*_module_level_imports(name), *parents]:
+            if module.split(".")[0] == "namc":
+                todo += [module] if _module_file(module) else []
+            else:
+                outside.add(module.split(".")[0])
+    assert "torch" not in outside and "lightning" not in outside, sorted(outside)
+    assert {"namc.describe_cli", "namc.eval.throughput.settings"} <= seen

@@ -67,6 +67,7 @@ def test_an_int8_step_does_not_compile(monkeypatch: pytest.MonkeyPatch):
     assert isinstance(small.__dict__["_compiled_step"], CompiledStep)
 
 
+@pytest.mark.slow  # torch.compile
 def test_frozen_step_is_compiled_again_only_after_its_weights_change():
     """``torch.compile`` compiles at the first call, so building the compiled module costs nothing here."""
     fdg = _fdg()
@@ -155,6 +156,7 @@ def test_a_frozen_step_compiles_again_for_every_version_of_its_weights():
         fdg.uncompile_step()
 
 
+@pytest.mark.slow  # torch.compile
 def test_unfrozen_steps_of_like_fdgs_share_their_graphs():
     """With the weights as inputs, one traced graph serves every FDG of the same shape (their steps share
     ``FDG._fused_step``'s code object), each decoding with its own weights."""

@@ -110,15 +110,17 @@ print("torch" in sys.modules, status or 0)
 """
 
 
+# `namc ARGV`: its exit status and words of what it prints
+USAGE = [
+    (["convert-clip", "--help"], 0, "usage: namc convert-clip [-h] [--model MODEL] src dst"),
+    (["convert-clip", "ViT-B-16.pt"], 2, "the following arguments are required: dst"),
+    (["convert-clip", "ViT-B-16.pt", "clip.pt"], 2, "the output must end in .safetensors, got clip.pt"),
+]
+
+
 @pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize(
-    ("argv", "status", "words"),
-    [
-        (["convert-clip", "--help"], 0, "usage: namc convert-clip [-h] [--model MODEL] src dst"),
-        (["convert-clip", "ViT-B-16.pt"], 2, "the following arguments are required: dst"),
-        (["convert-clip", "ViT-B-16.pt", "clip.pt"], 2, "the output must end in .safetensors, got clip.pt"),
-    ],
-    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+    ("argv", "status", "words"), USAGE, ids=lambda value: " ".join(value) if isinstance(value, list) else None
 )
 def test_help_and_usage_errors_answer_before_torch_loads(argv: list[str], status: int, words: str) -> None:
     proc = subprocess.run([sys.executable, "-c", _FRESH, *argv], capture_output=True, text=True)
@@ -126,6 +128,21 @@ def test_help_and_usage_errors_answer_before_torch_loads(argv: list[str], status
     assert last == f"False {status}", proc.stdout + proc.stderr
     assert words in "\n".join(printed) + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "words"), USAGE, ids=lambda value: " ".join(value) if isinstance(value, list) else None
+)
+def test_help_and_usage_errors_in_this_process(argv: list[str], status: int, words: str, capsys) -> None:
+    """The cases above without the fresh interpreter (tests/test_cli.py checks from the source that the command's
+    module imports no torch)."""
+    try:
+        code = namc_main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    printed = capsys.readouterr()
+    assert (code or 0) == status and words in printed.out + printed.err
+    assert "Traceback" not in printed.err
 
 
 def test_the_namc_command_runs_the_converter(tmp_path, capsys):

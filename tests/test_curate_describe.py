@@ -71,6 +71,7 @@ def _results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+@pytest.mark.slow
 def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> None:
     pairs = tmp_path / "in" / "pairs.jsonl"
     pairs.parent.mkdir()

@@ -10,7 +10,10 @@ import pytest
 import yaml
 
 from namc.cli import main
+from namc.data.synthetic import generate_benchmark, generate_corpus
 from namc.lit.demo import FULL, demo_configs, format_report
+from namc.lit.demo.report import build_report, frequent_caption_baseline, noise_identification, pick_examples
+from namc.models import create_model
 from namc.models.namc import NAMC
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,3 +99,41 @@ def test_demo_configs_are_the_shipped_yaml() -> None:
     for name, config in demo_configs("runs/demo", FULL, seed=0, progress=True).items():
         shipped = yaml.safe_load((REPO / "configs" / "demo" / f"{name}.yaml").read_text())
         assert shipped == config, f"configs/demo/{name}.yaml differs from namc.lit.demo.demo_configs"
+
+
+def test_demo_evaluation_and_report_on_a_small_world(tmp_path: Path) -> None:
+    """The demo's last stage and its report, on a shapes world of a few pairs and an untrained model: the trivial
+    baseline's scores, NIM's noise identification and its figure, the examples, report.json and the printed text
+    (the training stages run in the end-to-end test above)."""
+    benchmark = generate_benchmark(tmp_path / "clevr_change", 12, image_size=32, seed=0, n_captions=2)
+    corpus = generate_corpus(tmp_path / "corpus_val", 8, image_size=64, seed=1, noise_rate=0.2)
+    model = create_model("namc_tiny", dim=32, heads=2).save_pretrained(tmp_path / "model")
+
+    caption, frequent, predictions = frequent_caption_baseline(tmp_path / "clevr_change", 32)
+    assert set(predictions.values()) == {caption} and frequent["num_pairs"] == len(predictions) > 0
+    noise = noise_identification(model, tmp_path / "corpus_val" / "manifest.jsonl", tmp_path / "maps.png", 8)
+    assert 0.0 <= noise["auroc"] <= 1.0 and 0 < noise["noise_tokens"] < noise["tokens"]
+    assert Path(noise["figure"]).read_bytes()[:4] == b"\x89PNG"
+    captions = tmp_path / "test.json"
+    rows = [{"id": k, "prediction": v, "references": ["a reference"]} for k, v in predictions.items()]
+    captions.write_text(json.dumps({"captions": rows}))
+    examples = pick_examples(captions, 3)
+    assert len(examples) == min(3, len(rows)) and {e["namc"] for e in examples} == {caption}
+
+    report = build_report(
+        settings={"fast": True, "seed": 0},
+        data={"corpus": corpus, "corpus_val": corpus, "benchmark": benchmark},
+        test_scores={"namc": frequent, "no_pretraining": frequent, "frequent_caption": frequent},
+        frequent_caption=caption,
+        noise=noise,
+        pretrain_val={"val/loss": 1.0},
+        parameters=1,
+        examples=examples,
+        paths={k: str(tmp_path / k) for k in ("model", "tensorboard", "relevance_maps", "configs")},
+        timings={"total": 1.0},
+    )
+    metrics = json.loads(json.dumps(report))["test_metrics"]  # report.json holds plain JSON
+    for key in ("CIDEr-D", "BLEU-4", "METEOR", "ROUGE-L"):
+        assert isinstance(metrics["namc"][key], float) and metrics["namc"][key] >= 0.0
+    text = format_report(report)
+    assert f"frequent caption: {caption!r}" in text and f"AUROC of 1 - R_T = {noise['auroc']:.3f}" in text

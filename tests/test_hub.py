@@ -213,3 +213,28 @@ def test_push_to_hub_without_a_token_says_how_to_log_in(tmp_path: Path, saved: d
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "push_to_hub org/tiny: no Hugging Face token; set HF_TOKEN or run `hf auth login`"
+
+
+def test_describe_cli_with_a_hub_id(cache: Path, saved: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """The end-to-end run above in this process: ``namc describe --model hf-hub:...`` captions from the cache."""
+    for name, color in (("a.png", (200, 30, 30)), ("b.png", (30, 30, 200))):
+        Image.new("RGB", (64, 64), color).save(tmp_path / name)
+    pair = [str(tmp_path / "a.png"), str(tmp_path / "b.png")]
+    assert namc_main(["describe", *pair, "--model", "hf-hub:org/tiny"]) == 0
+    assert capsys.readouterr().out.strip() == describe(saved["main"], *pair)
+
+
+def test_push_to_hub_without_a_token_says_how_to_log_in_here(
+    tmp_path: Path, saved: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fresh-interpreter test above in this process: huggingface_hub read its offline flag and the place of a
+    stored login when it was imported, so both are set here as a fresh import under that environment sets them."""
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf_home" / "token"))  # no login stored
+    with pytest.raises(HubError) as info:
+        push_to_hub(saved["main"], "org/tiny")
+    assert str(info.value) == "push_to_hub org/tiny: no Hugging Face token; set HF_TOKEN or run `hf auth login`"

@@ -467,7 +467,7 @@ class _StopAfterFirstEpoch(pl.Callback):
         trainer.should_stop = True
 
 
-def _pretrain_run(shapes: dict, ckpt_dir, stop: bool, ckpt_path=None) -> PretrainModule:
+def _pretrain_run(shapes: dict, ckpt_dir, stop: bool, ckpt_path=None, batches: int = 2) -> PretrainModule:
     pl.seed_everything(0)
     dm = _corpus_dm(shapes, val=None, batch_size=4)
     module = PretrainModule(
@@ -480,16 +480,19 @@ def _pretrain_run(shapes: dict, ckpt_dir, stop: bool, ckpt_path=None) -> Pretrai
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, save_last=True), ExportModel(dirpath=str(ckpt_dir / "model"))]
     if stop:
         callbacks.append(_StopAfterFirstEpoch())
-    trainer = _trainer(max_epochs=2, limit_train_batches=2, callbacks=callbacks, num_sanity_val_steps=0)
+    trainer = _trainer(max_epochs=2, limit_train_batches=batches, callbacks=callbacks, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module
 
 
-def test_resume_matches_an_uninterrupted_run(shapes: dict, tmp_path) -> None:
-    full = _pretrain_run(shapes, tmp_path / "full", stop=False)
-    first = _pretrain_run(shapes, tmp_path / "part", stop=True)
+@pytest.mark.parametrize("batches", [1, pytest.param(2, marks=pytest.mark.slow)])  # steps per epoch
+def test_resume_matches_an_uninterrupted_run(shapes: dict, tmp_path, batches: int) -> None:
+    full = _pretrain_run(shapes, tmp_path / "full", stop=False, batches=batches)
+    first = _pretrain_run(shapes, tmp_path / "part", stop=True, batches=batches)
     assert first.current_epoch == 1  # stopped after epoch 0
-    resumed = _pretrain_run(shapes, tmp_path / "resumed", stop=False, ckpt_path=tmp_path / "part" / "last.ckpt")
+    resumed = _pretrain_run(
+        shapes, tmp_path / "resumed", stop=False, ckpt_path=tmp_path / "part" / "last.ckpt", batches=batches
+    )
     want = full.model.state_dict()
     for k, v in resumed.model.state_dict().items():
         assert torch.equal(v, want[k]), k

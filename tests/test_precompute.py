@@ -82,6 +82,7 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_precomputed_targets_equal_the_frozen_encoders_and_give_the_same_losses(
     corpus: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -258,6 +259,7 @@ def test_corpus_datamodule_feeds_precomputed_targets_so_the_frozen_encoders_neve
         CorpusDataModule(**kw, sources=["elsewhere"]).train_dataloader()
 
 
+@pytest.mark.slow
 def test_pretraining_refuses_targets_of_other_frozen_encoders(corpus: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """Targets made with other VQGAN weights, another codebook size, another ResNet or at another image size are
     named before training."""

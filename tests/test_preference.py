@@ -251,6 +251,7 @@ def test_training_leaves_the_reference_unchanged(world: dict, negatives: str, tm
         assert metrics["train/entropy"].item() == pytest.approx(math.log(8), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_namc_fit_preference_config_runs_and_saves_the_reference_once(world: dict, tmp_path, monkeypatch) -> None:
     from namc.cli import main
 

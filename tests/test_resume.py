@@ -391,6 +391,32 @@ def test_loader_resumes_after_every_batch(data: dict[str, Path], kind: str) -> N
             assert resumed.batches == n
 
 
+@pytest.mark.parametrize("kind", ["corpus", "benchmark"])
+def test_loader_resumes_mid_epoch(data: dict[str, Path], kind: str) -> None:
+    """The test above at two points of the first epoch: after one batch, and after half of them."""
+    make = _corpus_dm if kind == "corpus" else _bench_dm
+    dm = make(data)
+    loader = dm.train_dataloader()
+    dm.set_epoch(0)
+    full = list(loader)
+    n = len(full)
+    for k in (1, n // 2):
+        dm = make(data)
+        loader = dm.train_dataloader()
+        dm.set_epoch(0)
+        it = iter(loader)
+        head = [next(it) for _ in range(k)]
+        state = loader.state_dict()
+        del it
+        assert state["ranks"][0]["batches"] == k and state["ranks"][0]["epoch"] == 0
+        dm = make(data)
+        resumed = dm.train_dataloader()
+        dm.set_epoch(0)
+        resumed.load_state_dict(state)
+        tail = list(resumed)
+        assert len(tail) == n - k and _same_batches(head + tail, full), (kind, k)
+
+
 def test_loader_state_of_a_finished_epoch_or_another_setup_starts_the_epoch(data: dict[str, Path], caplog) -> None:
     dm = _corpus_dm(data)
     loader = dm.train_dataloader()

@@ -1,6 +1,7 @@
 """namc.models.threads: small products on one thread where OpenMP's idle threads sleep, the same results either way.
 
-OpenMP reads ``OMP_WAIT_POLICY`` when torch loads, so each policy runs in a fresh interpreter."""
+OpenMP reads ``OMP_WAIT_POLICY`` when torch loads, so each policy runs in a fresh interpreter (slow); the same
+probes also run in this process with the module's reading of the policy set by hand."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+from namc.models import threads
 
 PROBE = """
 import torch
@@ -81,3 +85,44 @@ def test_one_thread_gives_the_same_results():
     """Dynamic int8 and fp32 products, LayerNorm, GELU, the greedy pick and whole greedy decodings in fp32 and int8,
     equal to the bit with small products on one thread and on two."""
     assert _python(SAME, "PASSIVE") == "False True"
+
+
+@pytest.mark.parametrize(
+    ("sleep", "expected"),
+    [(True, "True [1, 2, 1, 1, 2, 1, 1, 2, 1, 2] 2"), (False, "False [2, 2, 2, 2, 2, 2, 2, 2, 2, 2] 2")],
+)
+def test_the_thread_rule_in_this_process(sleep: bool, expected: str, capsys: pytest.CaptureFixture) -> None:
+    """The probe above, run here with the policy this module read from the environment set either way: the same
+    choices per kind and size, and the caller's thread count back after an exception."""
+    saved, count = list(threads._SLEEP), torch.get_num_threads()
+    threads._SLEEP[:] = [sleep]
+    try:
+        exec(PROBE, {})
+    finally:
+        threads._SLEEP[:] = saved
+        torch.set_num_threads(count)
+    assert capsys.readouterr().out.strip() == expected
+
+
+def test_the_policy_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    saved = list(threads._SLEEP)
+    try:
+        for value, sleeps in (("PASSIVE", True), (" passive ", True), ("ACTIVE", False), ("", False)):
+            threads._SLEEP.clear()
+            monkeypatch.setenv("OMP_WAIT_POLICY", value)
+            assert threads.idle_threads_sleep() is sleeps, value
+            monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE" if not sleeps else "ACTIVE")
+            assert threads.idle_threads_sleep() is sleeps  # read once: OpenMP does not look again either
+    finally:
+        threads._SLEEP[:] = saved
+
+
+def test_one_thread_gives_the_same_results_in_this_process(capsys: pytest.CaptureFixture) -> None:
+    """The comparison above without the fresh interpreter (both settings of the rule are set by hand there too)."""
+    saved, count = list(threads._SLEEP), torch.get_num_threads()
+    try:
+        exec(SAME, {})
+    finally:
+        threads._SLEEP[:] = saved
+        torch.set_num_threads(count)
+    assert capsys.readouterr().out.strip() == "False True"

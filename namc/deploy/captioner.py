@@ -18,6 +18,7 @@ OpenMP threads do (:mod:`namc.models.threads`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -91,11 +92,19 @@ class _OnnxRuntimeGraph:
         return self.session.run(None, feed)
 
 
+@functools.cache
+def _openvino_core(runtime: ModuleType) -> Any:
+    """One OpenVINO ``Core`` for the process. Each Core's CPU plugin gives the thread a signal stack of its own and
+    puts back the one it found when the Core is destroyed, so Cores destroyed in the order they were made leave a
+    freed signal stack behind, and the next Python signal handler (torch's SIGCHLD one, say) crashes the process."""
+    return runtime.Core()
+
+
 class _OpenVINOGraph:
     """One ONNX file compiled by OpenVINO for the CPU in fp32: ``run(feed) -> outputs`` in the graph's order."""
 
     def __init__(self, runtime: ModuleType, path: Path, threads: int | None, settings: Mapping[str, Any]) -> None:
-        core = runtime.Core()
+        core = _openvino_core(runtime)
         model = core.read_model(str(path))
         key = ["framework", WEIGHTS_METADATA]  # where OpenVINO keeps an ONNX file's metadata
         self.weights_sha256 = model.get_rt_info(key).astype(str) if model.has_rt_info(key) else None
