@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import tempfile
@@ -25,6 +24,8 @@ import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from namc.data.jsonl import JSONError, loads
 
 __all__ = [
     "FILES_KEY",
@@ -124,8 +125,9 @@ def load_error_advice(path: Path, exc: BaseException) -> str:
 # ------------------------------------------------------------------------------------------------ folders
 
 
-def read_json(path: Path, error: type[Exception] = ConfigError) -> Any:
-    """The decoded JSON of ``path``; ``error`` naming the file, line and column when it is not UTF-8 or not JSON.
+def read_json(path: Path, error: type[Exception] = ConfigError, max_chars: int | None = None) -> Any:
+    """The decoded JSON of ``path`` through the bounded reader (:func:`namc.data.jsonl.loads`: depth, size,
+    duplicate keys); ``error`` naming the file (with line and column where it is not UTF-8 or not JSON).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -138,9 +140,9 @@ def read_json(path: Path, error: type[Exception] = ConfigError) -> Any:
         column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
         raise error(f"{path}: not UTF-8: byte 0x{raw[err.start]:02x} at line {line}, column {column}") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise error(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+        return loads(text, max_chars=max_chars)
+    except JSONError as err:
+        raise error(f"{path}: {err}") from None
 
 
 def file_digest(path: Path) -> dict[str, Any]:
