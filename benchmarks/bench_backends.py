@@ -1,13 +1,15 @@
-"""Backends side by side: a model with random weights captioned by PyTorch (``model.generate_ids``, fp32), ONNX
-Runtime and OpenVINO (namc.deploy, fp32), interleaved in one process. Prints a table; asserts nothing.
+"""Backends side by side: a model with random weights captioned through ``namc.compile`` on every backend x
+precision asked for (default: torch fp32, cpu fp32 / int8, ONNX Runtime and OpenVINO fp32), interleaved in one
+process. Prints a table; asserts nothing.
 
     python benchmarks/bench_backends.py                          # namc_base, batch 1 and 32, 2 threads, 3 rounds
-    python benchmarks/bench_backends.py --model namc_tiny --rounds 2
+    python benchmarks/bench_backends.py --model namc_tiny --rounds 2 --runs torch:fp32 onnxruntime:fp32
 
 For each batch size, each round times every backend in turn (after one untimed warm-up run each): end to end (pixels
 to ids: grid, MIR, prefill and decoding) and decoding alone (from E_MIR: the cross-attention prefill and the greedy
 steps). [EOS] is switched off, so every row generates ``--max-new-tokens`` tokens (as ``namc benchmark``'s fixed
 length mode): tokens/s is batch x tokens over the time. The table gives the median over rounds, and the fastest.
+The first run is the reference of the ratios and of the ids column.
 PyTorch runs ``--threads`` intra-op threads, each runtime as many; ``--omp-wait-policy`` is set before torch loads
 (passive, as ``namc benchmark`` measures; ONNX Runtime's threads then sleep too, namc.deploy.captioner).
 """
@@ -15,6 +17,7 @@ PyTorch runs ``--threads`` intra-op threads, each runtime as many; ``--omp-wait-
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -31,10 +34,15 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of every backend (default 2)")
     parser.add_argument("--max-new-tokens", type=int, default=23, help="tokens per caption (default 23)")
     parser.add_argument(
-        "--backends", nargs="+", default=["torch", "onnxruntime", "openvino"], help="the backends to time"
+        "--runs",
+        nargs="+",
+        default=["torch:fp32", "cpu:fp32", "cpu:int8", "onnxruntime:fp32", "openvino:fp32"],
+        help="backend:precision pairs to time, the first the reference (default: torch:fp32 cpu:fp32 cpu:int8 "
+        "onnxruntime:fp32 openvino:fp32)",
     )
     parser.add_argument("--omp-wait-policy", choices=("passive", "active"), default="passive")
     parser.add_argument("--work-dir", type=Path, default=None, help="where the model and its export go (a temp dir)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as a JSON report")
     return parser.parse_args()
 
 
@@ -43,6 +51,7 @@ def main() -> None:
     os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()  # read by OpenMP when torch loads
     import torch
 
+    import namc
     from namc.deploy import load_captioner
     from namc.deploy.export import export_onnx
     from namc.eval.throughput.inference import length_mode
@@ -56,40 +65,41 @@ def main() -> None:
     folder = model.save_pretrained(work / "model")
     export = export_onnx(folder, work / "export")
     print(f"{args.model}: saved and exported to {work} in {time.perf_counter() - start:.0f} s")
-    captioners = {b: load_captioner(export, b, threads=args.threads) for b in args.backends if b != "torch"}
-    for captioner in captioners.values():
-        captioner.eos_id = -1  # every row runs every step, as the model under length_mode("fixed")
+    runs_ = [tuple(run.split(":", 1)) for run in args.runs]
+    captioners = {}
+    for backend, precision in runs_:
+        if backend in ("onnxruntime", "openvino"):  # one export for both runtimes
+            captioners[(backend, precision)] = load_captioner(export, backend, threads=args.threads)
+            captioners[(backend, precision)].eos_id = -1  # every row runs every step, as length_mode("fixed")
+        else:
+            captioners[(backend, precision)] = namc.compile(model, backend, precision)
     n, S = args.max_new_tokens, model.config.image_size
+    names = {key: f"{key[0]} {key[1]}" for key in captioners}
 
     def runs(batch: int) -> dict[str, dict[str, Callable[[], object]]]:
         g = torch.Generator().manual_seed(batch)
         images_1, images_2 = torch.rand(2, batch, 3, S, S, generator=g)
         with torch.inference_mode():
             memory = model.encode_pair(images_1, images_2)
-        out = {}
-        for backend in args.backends:
-            if backend == "torch":
-                out[backend] = {
-                    "e2e": lambda: model.generate_ids(images_1, images_2, n),
-                    "decode": lambda: model.fdg.generate(memory, n),
-                }
-            else:
-                c = captioners[backend]
-                out[backend] = {
-                    "e2e": lambda c=c: c.generate_ids(images_1, images_2, n),
-                    "decode": lambda c=c: c.decode(memory.numpy(), n),
-                }
-        return out
+        return {
+            names[key]: {
+                "e2e": lambda c=c: c.generate_ids(images_1, images_2, n),
+                "decode": lambda c=c: c.decode(memory, n),
+            }
+            for key, c in captioners.items()
+        }
 
     times: dict[tuple[int, str, str], list[float]] = {}
-    same: dict[tuple[int, str], bool] = {}  # the warm-up's end-to-end ids equal torch's
+    same: dict[tuple[int, str], bool] = {}  # the warm-up's end-to-end ids equal the reference's
     with length_mode(model, "fixed"):
         for batch in args.batches:
             calls = runs(batch)
+            reference = None
             for backend in calls:  # warm-up: first calls allocate and (OpenVINO) compile shapes
                 ids = calls[backend]["e2e"]()
                 calls[backend]["decode"]()
-                same[(batch, backend)] = torch.equal(ids, calls["torch"]["e2e"]()) if "torch" in calls else None
+                reference = ids if reference is None else reference
+                same[(batch, backend)] = torch.equal(ids, reference)
             for _ in range(args.rounds):
                 for backend, parts in calls.items():
                     for part, fn in parts.items():
@@ -100,25 +110,52 @@ def main() -> None:
                         times.setdefault((batch, backend, part), []).append(elapsed)
 
     print(
-        f"\n{args.model}, random weights, fp32, {args.threads} threads, OMP_WAIT_POLICY={args.omp_wait_policy}, ",
+        f"\n{args.model}, random weights, {args.threads} threads, OMP_WAIT_POLICY={args.omp_wait_policy}, ",
         end="",
     )
     print(f"{n} tokens per caption, {args.rounds} interleaved rounds: tokens/s (median; fastest round)\n")
-    print("| batch | backend | end to end | decoding | end to end vs torch | decoding vs torch | ids = torch's |")
+    first = names[next(iter(captioners))]
+    print(f"| batch | backend | end to end | decoding | end to end vs {first} | decoding vs {first} | ids equal |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | --- |")
     for batch in args.batches:
-        base = (
-            {p: statistics.median(times[(batch, "torch", p)]) for p in ("e2e", "decode")}
-            if "torch" in args.backends
-            else None
-        )
-        for backend in args.backends:
+        base = {p: statistics.median(times[(batch, first, p)]) for p in ("e2e", "decode")}
+        for backend in names.values():
             med = {p: statistics.median(times[(batch, backend, p)]) for p in ("e2e", "decode")}
             fast = {p: min(times[(batch, backend, p)]) for p in ("e2e", "decode")}
             cells = [f"{batch * n / med[p]:,.0f} ({batch * n / fast[p]:,.0f})" for p in ("e2e", "decode")]
-            ratios = [f"{med[p] / base[p]:.2f}x time" if base else "-" for p in ("e2e", "decode")]
+            ratios = [f"{med[p] / base[p]:.2f}x time" for p in ("e2e", "decode")]
             row = [str(batch), backend, *cells, *ratios, str(same[(batch, backend)])]
             print("| " + " | ".join(row) + " |")
+    if args.out is not None:
+        _write_report(args, list(names.values()), times, same, n, torch.__version__)
+
+
+def _write_report(
+    args: argparse.Namespace, names: list[str], times: dict, same: dict, n: int, torch_version: str
+) -> None:
+    """The figures as JSON: every run's timed seconds per batch and part, and whether its ids equal the first's."""
+    report = {
+        "what": "backends",
+        "model": args.model,
+        "threads": args.threads,
+        "omp_wait_policy": args.omp_wait_policy,
+        "max_new_tokens": n,
+        "rounds": args.rounds,
+        "torch": torch_version,
+        "runs": [
+            {
+                "batch": batch,
+                "run": name,
+                "seconds": {p: times[(batch, name, p)] for p in ("e2e", "decode")},
+                "ids_equal_first": same[(batch, name)],
+            }
+            for batch in args.batches
+            for name in names
+        ],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -36,8 +36,12 @@ CPU_QUALITY = RESULTS / "xeon-amx-quality-w128"  # quality_w128_seed{seed}.json.
 DEMO = RESULTS / "xeon-amx-demo-seeds" / "demo_seeds.json"
 CURATION = RESULTS / "xeon-curation" / "curation.json"
 PRESETS = RESULTS / "presets-parameters" / "parameters.json"  # written by --count-parameters
+THRESHOLDS = RESULTS / "cpus-thresholds" / "thresholds.json"  # the measurements behind namc/thresholds.py
 DEMO_MODEL = {"dim": 32, "heads": 2}  # the width `namc demo` trains namc_tiny at (namc.lit.demo.settings)
 GPU = RESULTS / "h100-namc_base-vs-clip4idc"  # what benchmarks/gpu.sh writes
+EPYC_AVX2 = "2 cores of an AMD EPYC with AVX2 (no AVX-512, VNNI or AMX)"
+BACKENDS_SPEED = RESULTS / "epyc-avx2-backends"  # runN.json, benchmarks/bench_backends.py --out
+BACKENDS_QUALITY = RESULTS / "epyc-avx2-backend-quality" / "demo_seed0.json"  # benchmarks/bench_backend_quality.py
 GPU_CAPTIONS = RESULTS / "h100-caption-agreement"
 STUDIES = RESULTS / "xeon-shapes-studies"  # {study}.json: a study's aggregated figures as printed, with its settings
 
@@ -651,6 +655,84 @@ def preference(part: str, scores: str) -> str:
     return markdown(header, rows, compact=True)
 
 
+def backend_speed() -> str:
+    """performance.md: namc_base through namc.compile on every backend x precision, each run's median tokens/s and
+    its time against the first run's, interleaved in one process (bench_backends.py)."""
+    reports = [load(path) for path in sorted(BACKENDS_SPEED.glob("run*.json"))]
+    first = reports[0]
+    n = first["max_new_tokens"]
+    rows = []
+    for i, entry in enumerate(first["runs"]):
+        batch, name = entry["batch"], entry["run"]
+        cells = []
+        for part in ("e2e", "decode"):
+            figures = []
+            for report in reports:
+                mine = report["runs"][i]
+                base = next(r for r in report["runs"] if r["batch"] == batch)  # the first run of this batch
+                med, ref = statistics.median(mine["seconds"][part]), statistics.median(base["seconds"][part])
+                figures.append(f"{batch * n / med:,.0f} ({med / ref:.2f}x)")
+            cells.append(" / ".join(figures))
+        same = all(report["runs"][i]["ids_equal_first"] for report in reports)
+        rows.append([str(batch), name, *cells, "yes" if same else "no"])
+    runs = " / ".join(f"run {k + 1}" for k in range(len(reports)))
+    header = [
+        "batch",
+        "backend, precision",
+        f"end to end: tokens/s (time vs first), {runs}",
+        f"decoding: tokens/s (time vs first), {runs}",
+        "ids = first's",
+    ]
+    return markdown(header, rows) + f"\n\n{first['model']}, random weights, {first['threads']} threads on {EPYC_AVX2}."
+
+
+def backend_quality() -> str:
+    """performance.md: the demo's fine-tuned model on its test split through every backend x precision: CIDEr-D,
+    its difference to the first run's, and the share of identical captions (bench_backend_quality.py)."""
+    report = load(BACKENDS_QUALITY)
+    rows = [
+        [
+            f"{run['backend']}, {run['precision']}",
+            f"{run['cider_d']:.2f}",
+            f"{run['cider_d_vs_reference']:+.2f}",
+            f"{run['identical_captions']:.1%}",
+            "yes" if run["identical_ids"] else "no",
+        ]
+        for run in report["runs"]
+    ]
+    header = ["backend, precision", "CIDEr-D", "vs the first", "captions identical to the first's", "ids equal"]
+    return markdown(header, rows) + f"\n\n{report['pairs']} test pairs, {report['threads']} threads on {EPYC_AVX2}."
+
+
+def _stated_value(cell: str) -> int:
+    """The first number a thresholds row states: ``2^15 entries`` -> 32768, ``16,384 elements`` -> 16384."""
+    if power := re.search(r"2\^(\d+)", cell):
+        return 2 ** int(power.group(1))
+    return int(re.search(r"\d[\d,]*", cell).group().replace(",", ""))
+
+
+def thresholds() -> str:
+    """performance.md: each cut-off of namc/thresholds.py, what it chooses and the measurement that chose it; a
+    value the code no longer has is an error (change a threshold with its new measurement)."""
+    sys.path.insert(0, str(ROOT))
+    from namc import thresholds as code  # imports nothing: no torch
+
+    rows = []
+    for row in load(THRESHOLDS)["thresholds"]:
+        name = row["threshold"].strip("`")
+        value = getattr(code, name, None)
+        if isinstance(value, int) and value != _stated_value(row["value"]):
+            raise ValueError(f"{THRESHOLDS.name}: {name} is {value} in namc/thresholds.py, {row['value']} measured")
+        rows.append([row["threshold"], row["value"], row["chooses"], row["measured"]])
+    return markdown(["threshold", "value", "what it chooses", "measured (EPYC AVX-512 unless marked)"], rows)
+
+
+def measured_choices() -> str:
+    """performance.md: the figures behind the choices in the code that are not a cut-off."""
+    rows = [[row["choice"], row["measured"]] for row in load(THRESHOLDS)["choices"]]
+    return markdown(["choice (where)", "measured"], rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "models": models,
     "speed": speed,
@@ -664,6 +746,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-captions": gpu_captions,
     "parameters": parameters,
     "curation": curation,
+    "thresholds": thresholds,
+    "measured-choices": measured_choices,
     "preset-parts": preset_parts,
     "study-table6": lambda: study_summaries(study("table6")),
     "study-table6-paired": lambda: study_paired(study("table6")),
@@ -700,6 +784,8 @@ FILES = {  # which tables each file holds
         "gpu-captions",
         "parameters",
         "curation",
+        "thresholds",
+        "measured-choices",
     ),
 }
 BLOCK = re.compile(r"<!-- generated: ([\w-]+) -->\n(.*?)<!-- /generated: \1 -->", re.S)

@@ -18,6 +18,7 @@ from namc._version import __version__
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from namc.backends.compile import compile  # noqa: F401
     from namc.inference import describe  # noqa: F401
     from namc.models import (  # noqa: F401
         NAMC,
@@ -42,9 +43,10 @@ _EXPORTS = {
     "model_config": "namc.models",
     "register_model": "namc.models",
     "describe": "namc.inference",
+    "compile": "namc.backends.compile",
     "push_to_hub": "namc.models.hub",
 }
-_SUBPACKAGES = ("data", "eval", "lit", "models", "objectives", "ops", "runtime", "text")
+_SUBPACKAGES = ("backends", "data", "eval", "lit", "models", "objectives", "ops", "runtime", "text")
 
 __all__ = [*sorted(_EXPORTS), "__version__", "from_pretrained"]
 

@@ -14,12 +14,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from namc.backends import BACKENDS
 from namc.data.transforms import MAX_IMAGE_PIXELS, pixel_cap_arg
-from namc.deploy import BACKENDS
 
 __all__ = ["build_parser", "main"]
 
-PRECISIONS = ("fp32", "bf16", "int8")  # namc.models.precision.PRECISIONS, which imports torch
+PRECISIONS = ("fp32", "bf16", "int8")  # namc.backends.precision.PRECISIONS, which imports torch
 
 
 def _positive_int(text: str) -> int:
@@ -60,14 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         help="a save_pretrained folder, hf-hub:org/name, or a namc .ckpt; with --backend onnxruntime or openvino, "
-        "a folder written by `namc export onnx`",
+        "also a folder written by `namc export onnx`",
     )
     parser.add_argument(
         "--backend",
         choices=BACKENDS,
-        default="torch",
-        help="torch (default: the model itself); onnxruntime or openvino (CPU, fp32, greedy: an exported folder, "
-        'namc.deploy; needs pip install "namc[deploy]")',
+        default=None,
+        help="where the model runs (namc.compile): cpu (default on --device cpu: namc's CPU path, fp32 / bf16 / "
+        "int8), cuda (default on a GPU: CUDA graphs), torch (eager PyTorch, any device), onnxruntime or openvino "
+        "(CPU, fp32, greedy: an exported folder, or a model folder exported on the fly; needs pip install "
+        '"namc[deploy]")',
     )
     parser.add_argument("--beams", type=_positive_int, default=1, help="beam width (1: greedy, as the paper)")
     parser.add_argument(

@@ -35,14 +35,15 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
+from namc.backends.compile import Captioner, compile, default_backend
 from namc.data.errors import IssueKind, RecordError
 from namc.data.pairs import ListedPair, read_pair_list
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform
 from namc.deploy.captioner import RuntimeMissingError, load_captioner
+from namc.deploy.manifest import MANIFEST_FILE
 from namc.models import NAMC, list_models, load_model
 from namc.models.files import WeightsError
 from namc.models.hub import HUB_PREFIX, parse_hub_id
-from namc.models.precision import check_precision
 from namc.models.shortlist import Shortlist
 from namc.runtime import stdout_closed
 from namc.text.tokenizer import WordTokenizer
@@ -50,6 +51,8 @@ from namc.text.vocab import read_captions
 
 if TYPE_CHECKING:
     from namc.deploy.captioner import OnnxCaptioner
+
+    Runner = NAMC | Captioner | OnnxCaptioner
 
 ImageLike = str | Path | Image.Image
 
@@ -73,13 +76,13 @@ def _load(image: ImageLike, transform: ImageTransform) -> torch.Tensor:
         raise OSError(f"cannot read image {path}: {err}") from err
 
 
-def _device_of(model: NAMC | OnnxCaptioner) -> torch.device:
+def _device_of(model: Runner) -> torch.device:
     """Where ``model`` takes its inputs: a NAMC's parameters' device, an exported model's (the CPU)."""
     return next(model.parameters()).device if isinstance(model, NAMC) else model.device
 
 
 def describe(
-    model: NAMC | OnnxCaptioner | str | Path,
+    model: Runner | str | Path,
     images_1: ImageLike | Sequence[ImageLike],
     images_2: ImageLike | Sequence[ImageLike],
     num_beams: int = 1,
@@ -94,8 +97,9 @@ def describe(
     Any PIL mode is converted to RGB and every image is resized to the model's ``image_size``.
 
     Args:
-        model: a :class:`NAMC` (put in eval mode here), a captioner over an exported model
-            (:func:`namc.deploy.load_captioner`), or a ``save_pretrained`` folder or namc ``.ckpt`` to load.
+        model: a :class:`NAMC` (put in eval mode and run on :func:`namc.compile`'s default backend for its device
+            here), a captioner (:func:`namc.compile`, :func:`namc.deploy.load_captioner`), or a ``save_pretrained``
+            folder or namc ``.ckpt`` to load.
         images_1: a path / PIL image, or a list of them (the "before" images).
         images_2: the "after" images, as many as ``images_1``.
         num_beams: 1 for greedy decoding (the paper), more for beam search.
@@ -103,11 +107,11 @@ def describe(
         batch_size: pairs per forward pass.
         max_image_pixels: an image file whose width x height exceeds this is refused before decoding
             (:class:`~namc.data.transforms.ImageTooLargeError`); None: no cap.
-        precision: ``fp32`` (default), ``bf16`` (CPU: bf16 weights where bf16 pays; CUDA: autocast) or ``int8``
-            (CPU: dynamic int8 linear layers; the grid in static int8 once
-            :func:`~namc.models.precision.calibrate_int8` has calibrated the model, or its saved folder carries a
-            calibration, else fp32); see
-            :mod:`namc.models.precision` for speed and agreement with fp32.
+        precision: for a :class:`NAMC`: ``fp32`` (default), ``bf16`` (CPU: bf16 weights where bf16 pays; CUDA:
+            autocast) or ``int8`` (CPU: dynamic int8 linear layers; the grid in static int8 once
+            :func:`~namc.backends.precision.calibrate_int8` has calibrated the model, or its saved folder carries a
+            calibration, else fp32); see :mod:`namc.backends.precision` for speed and agreement with fp32. A
+            captioner runs its own precision (another is a ValueError).
         vocabulary: the only tokens to write (a :class:`~namc.models.shortlist.Shortlist`, e.g.
             ``model.shortlist(captions)`` of the captions the model was fine-tuned on, a fine-tuned model's
             ``model.training_shortlist``, or token ids); decoding then projects onto those rows of the vocabulary
@@ -121,8 +125,7 @@ def describe(
             raise ValueError(f"{name} must be at least 1, got {value}")
     if isinstance(model, (str, Path)):
         model = load_model(model, pretraining=False)
-    model.eval()
-    check_precision(precision, _device_of(model))
+    model = _runner(model, precision)
     single = isinstance(images_1, (str, Path, Image.Image))
     if single != isinstance(images_2, (str, Path, Image.Image)):  # a str is iterable: it would split into letters
         raise ValueError("give two images, or two lists of images, not one image and a list")
@@ -136,12 +139,22 @@ def describe(
     for start in range(0, len(firsts), batch_size):
         a = torch.stack([_load(x, transform) for x in firsts[start : start + batch_size]]).to(device)
         b = torch.stack([_load(x, transform) for x in seconds[start : start + batch_size]]).to(device)
-        captions += model.generate(a, b, max_new_tokens, num_beams, precision=precision, vocabulary=vocabulary)
+        captions += model.generate(a, b, max_new_tokens, num_beams, vocabulary=vocabulary)
     return captions[0] if single else captions
 
 
+def _runner(model: Runner, precision: str) -> Captioner | OnnxCaptioner:
+    """``model`` ready to caption at ``precision``: a NAMC compiled on its device's default backend, a captioner as
+    it is (ValueError where it runs another precision)."""
+    if isinstance(model, NAMC):
+        return compile(model.eval(), default_backend(_device_of(model)), precision)
+    if precision != model.precision:
+        raise ValueError(f"this captioner runs {model.precision}, not {precision}: compile the model again")
+    return model
+
+
 def caption_pair_list(
-    model: NAMC | OnnxCaptioner,
+    model: Runner,
     pairs: Sequence[ListedPair],
     batch_size: int = 32,
     max_image_pixels: int | None = MAX_IMAGE_PIXELS,
@@ -153,13 +166,13 @@ def caption_pair_list(
     with the ``issue`` (an :class:`~namc.data.errors.IssueKind` value) and the one-line ``error``.
 
     Args:
-        model: an eval-mode :class:`NAMC`, or a captioner over an exported model (:mod:`namc.deploy`).
+        model: an eval-mode :class:`NAMC` (run as it is: eager PyTorch) or a captioner (:func:`namc.compile`,
+            :mod:`namc.deploy`).
         pairs: from :func:`namc.data.pairs.read_pair_list`.
         batch_size: pairs per forward pass (a batch with skipped pairs runs the ones left).
         max_image_pixels: as :func:`describe`'s.
         progress: a tqdm bar on stderr; None: where stderr is a terminal.
-        **generate: keywords of :meth:`NAMC.generate` (``max_new_tokens``, ``num_beams``, ``precision``,
-            ``vocabulary``).
+        **generate: keywords of :meth:`NAMC.generate` (``max_new_tokens``, ``num_beams``, ``vocabulary``).
     """
     transform = ImageTransform(model.config.image_size, max_image_pixels)
     device = _device_of(model)
@@ -223,12 +236,10 @@ def _device(text: str) -> torch.device:
 
 
 def _describe_list(
-    model: NAMC | OnnxCaptioner, pairs: list[ListedPair], args: argparse.Namespace, vocabulary: Shortlist | None
+    model: Captioner | OnnxCaptioner, pairs: list[ListedPair], args: argparse.Namespace, vocabulary: Shortlist | None
 ) -> int:
     """``--pairs``: every listed pair's record as a JSON line (flushed per batch), then one summary line on stderr;
     1 where any pair was skipped."""
-    model.eval()
-    check_precision(args.precision, args.device)
     issues: Counter[str] = Counter()
     first_error = ""
     start = time.perf_counter()
@@ -244,7 +255,6 @@ def _describe_list(
             args.max_image_pixels,
             num_beams=args.beams,
             max_new_tokens=args.max_new_tokens,
-            precision=args.precision,
             vocabulary=vocabulary,
         )
         for number, record in enumerate(records, start=1):
@@ -268,7 +278,7 @@ def _describe_list(
     return 0
 
 
-def _note_unknown_words(model: NAMC | OnnxCaptioner, captions: list[str], source: str) -> None:
+def _note_unknown_words(model: Captioner | OnnxCaptioner, captions: list[str], source: str) -> None:
     """One line on stderr naming the words of ``captions`` outside a word vocabulary: they are listed as [UNK], so
     decoding over the list can write "[UNK]" (CLIP's byte-level BPE has no unknown words)."""
     tokenizer = model.tokenizer
@@ -289,18 +299,28 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def _load_backend(args: argparse.Namespace, parser: argparse.ArgumentParser) -> NAMC | OnnxCaptioner:
-    """``--model`` on ``--backend``: torch loads the model onto ``--device``; onnxruntime and openvino load an export
-    folder on that runtime (CPU, fp32, greedy for now; a setting they do not run is a usage error)."""
-    if args.backend == "torch":
-        return load_model(args.model, pretraining=False).to(args.device)
-    if args.device.type != "cpu":
-        parser.error(f"argument --device: the {args.backend} backend runs on the CPU, not on {args.device}")
-    if args.precision != "fp32":
-        parser.error(f"argument --precision: {args.precision} is not available yet on the {args.backend} backend")
-    if args.beams != 1:
-        parser.error(f"argument --beams: the {args.backend} backend decodes greedily (--beams 1)")
-    return load_captioner(args.model, args.backend)
+def _load_backend(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Captioner | OnnxCaptioner:
+    """``--model`` on ``--backend`` (default: :func:`namc.compile`'s for ``--device``): torch, cpu and cuda load the
+    model onto ``--device`` and compile it; onnxruntime and openvino load an export folder (``namc export onnx``) on
+    that runtime, or export a model folder first (CPU, fp32, greedy for now; a setting they do not run is a usage
+    error)."""
+    backend = args.backend or default_backend(args.device)
+    if backend in ("onnxruntime", "openvino"):
+        if args.device.type != "cpu":
+            parser.error(f"argument --device: the {backend} backend runs on the CPU, not on {args.device}")
+        if args.precision != "fp32":
+            parser.error(f"argument --precision: {args.precision} is not available yet on the {backend} backend")
+        if args.beams != 1:
+            parser.error(f"argument --beams: the {backend} backend decodes greedily (--beams 1)")
+        if (Path(args.model) / MANIFEST_FILE).is_file():
+            return load_captioner(args.model, backend)
+    if backend == "cuda" and args.device.type != "cuda":
+        parser.error(f"argument --backend: cuda needs --device cuda, not {args.device}")
+    if backend == "cpu" and args.device.type != "cpu":
+        parser.error(f"argument --backend: cpu runs on --device cpu, not {args.device}")
+    if args.precision == "int8" and backend != "cpu":
+        parser.error(f"argument --precision: int8 runs on the cpu backend (--device cpu), not {backend}")
+    return compile(load_model(args.model, pretraining=False).to(args.device), backend, args.precision)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -327,8 +347,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         limit = model.config.max_caption_len - 1
         if args.max_new_tokens is not None and args.max_new_tokens > limit:
             parser.error(f"argument --max-new-tokens: this model generates at most {limit} tokens")
-        if args.precision == "int8" and args.device.type != "cpu":
-            parser.error(f"argument --precision: int8 runs on a CPU only, not on {args.device}")
         vocabulary = None
         if args.vocabulary is not None:
             captions = read_captions(args.vocabulary)
@@ -351,7 +369,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args.beams,
             args.max_new_tokens,
             max_image_pixels=args.max_image_pixels,
-            precision=args.precision,
+            precision=model.precision,
             vocabulary=vocabulary,
         )
     except BrokenPipeError:  # the reader of stdout stopped (`namc describe --pairs LIST | head`): stop too

@@ -24,7 +24,7 @@ __all__ = [
     "SERIAL_FLOPS",
 ]
 
-# Precision of an inference copy's parts (namc.models.precision), by the number of entries of a weight matrix.
+# Precision of an inference copy's parts (namc.backends.precision), by the number of entries of a weight matrix.
 
 #: a bf16 copy runs MIR in bf16 where its largest matrix has this many entries: below, bf16's per-call cost
 #: outweighs its faster products (a width-64 MIR is slower in bf16 at batch 1-8, a width-128 one faster from 8)
@@ -38,7 +38,7 @@ INT8_MIN_WEIGHT = 1 << 13
 #: elements (4 MB of fp32 keys a layer): reading half the bytes pays from there, below fp32's fused kernel is as fast
 CROSS_KV_BF16_MIN = 1 << 20
 
-# Which fp32 kernel runs a decoding step's product (namc.models.onednn.dense, namc.models.packed_step).
+# Which fp32 kernel runs a decoding step's product (namc.backends.onednn.dense, namc.backends.step).
 
 #: fp32 matrices from this many entries run oneDNN's kernel at every batch size: it beats the default BLAS on skinny
 #: products of large matrices, where smaller ones favour ``F.linear``'s lower overhead
@@ -50,30 +50,30 @@ REORDER_MIN_ROWS = 4
 #: kernel also beats ``F.linear`` from 4 rows
 REORDER_MIN_WEIGHT = 1 << 19
 
-# One thread or all (namc.models.threads): under OMP_WAIT_POLICY=PASSIVE a second thread sleeps between parallel
+# One thread or all (namc.backends.threads): under OMP_WAIT_POLICY=PASSIVE a second thread sleeps between parallel
 # regions, and waking it costs more than a small product gains from it.
 
 #: a product of fewer FLOPs than its kind's value runs on one thread (attention: 4 B H Q S E FLOPs); each sits at or
 #: below the size where two threads start to win
 SERIAL_FLOPS = {
-    "int8": 1 << 25,  # dynamic int8 products (namc.models.qlinear); one thread stops winning at 38-113 MFLOP
+    "int8": 1 << 25,  # dynamic int8 products (namc.backends.qlinear); one thread stops winning at 38-113 MFLOP
     "bf16": 1 << 24,  # oneDNN's bf16 linear kernel; crossing at 28-38 MFLOP
     "fp32": 1 << 23,  # F.linear or oneDNN's fp32 kernel; crossing at 9-28 MFLOP
     "sdpa_fp32": 1 << 20,  # F.scaled_dot_product_attention in fp32; crossing at 1-2.4 MFLOP
     "sdpa_bf16": 1 << 17,  # ... in bf16, whose fused kernel is slow on one thread over many keys; also where
-    # namc.models.layers.attend_step switches bf16 to attend_one (ONE_QUERY_FUSED_FLOPS)
-    "attend_one": 1 << 23,  # namc.models.layers.attend_one, two batched products; crossing at 5-10 MFLOP
+    # namc.backends.step.attend_step switches bf16 to attend_one (ONE_QUERY_FUSED_FLOPS)
+    "attend_one": 1 << 23,  # namc.backends.step.attend_one, two batched products; crossing at 5-10 MFLOP
 }
 #: a kernel that passes once over its input runs on one thread below this many elements of input
 SERIAL_ELEMENTS = {
-    "layer_norm": 1 << 17,  # namc.models.layers.LayerNorm: 32 x 768 is 4x faster on one thread, 512 x 768 is not
-    "gelu": 1 << 17,  # namc.models.layers.GELU above GELU_ATEN_MAX: oneDNN's kernel, faster on one up to 32 x 3072
-    "argmax": 1 << 22,  # namc.models.shortlist.first_max_index on fp32 logits: two threads win from 128 x 49,409
+    "layer_norm": 1 << 17,  # backends.step.ThreadedLayerNorm: 32 x 768 is 4x faster on one thread, 512 x 768 is not
+    "gelu": 1 << 17,  # backends.step.InplaceGELU above GELU_ATEN_MAX: oneDNN's kernel, faster on one up to 32 x 3072
+    "argmax": 1 << 22,  # backends.step.first_max_index on fp32 logits: two threads win from 128 x 49,409
 }
 #: namc's inference GELU runs ATen's own kernel up to this many elements (ATen keeps it on one thread there) instead
 #: of oneDNN's, which opens a parallel region at any size
 GELU_ATEN_MAX = 16_384
-#: the greedy pick's blocked first-max (namc.models.shortlist.first_max_index) from this many rows: at one row
+#: the greedy pick's blocked first-max (namc.backends.step.first_max_index) from this many rows: at one row
 #: ``max`` with indices is as fast
 ARGMAX_MIN_ROWS = 2
 

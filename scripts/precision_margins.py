@@ -19,7 +19,7 @@ import _eval_split  # scripts/_eval_split.py
 import torch
 
 import namc
-from namc.models.precision import PRECISIONS
+from namc.backends.precision import PRECISIONS
 
 
 def _margins(model: namc.NAMC, batch: dict, ids: torch.Tensor) -> torch.Tensor:

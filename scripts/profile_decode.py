@@ -17,7 +17,7 @@ import time
 import torch
 
 import namc
-from namc.models.precision import PRECISIONS, inference_copy, run_context
+from namc.backends.precision import PRECISIONS, inference_copy, run_context
 
 
 def _median_ms(fn, repeats: int) -> float:

@@ -17,7 +17,7 @@ import argparse
 import _eval_split  # scripts/_eval_split.py
 import torch
 
-from namc.models.precision import PRECISIONS
+from namc.backends.precision import PRECISIONS
 
 
 def main() -> None:

@@ -13,9 +13,14 @@ Scripting, per request: the request's text may hold a directive ``[[a,b,c]]``; a
 - ``slow``: the ``ok`` answer after ``slow_seconds`` (past the client's timeout in the tests);
 - ``drop``: close the connection without answering;
 - ``garbled``: HTTP 200, ``application/json``, a body that is not JSON; ``cut``: an answer that ends in half an
-  emoji (a lone surrogate, ``\ud83d``, as JSON can carry it); ``nousage``: usage counts that are not numbers.
+  emoji (a lone surrogate, ``\ud83d``, as JSON can carry it); ``nousage``: usage counts that are not numbers;
+- ``huge``: a 200 whose message is ``huge_chars`` characters long, whatever ``max_tokens`` the request set (a
+  server that ignores the cap);
+- ``drip``: the ``ok`` answer sent one byte every ``drip_seconds`` (headers at once), so that no single read waits
+  long but the whole answer takes minutes.
 
 A request without a directive gets ``ok``. ``latency`` delays every answer (the benchmark's 2 s server).
+``max_tokens_seen`` lists the ``max_tokens`` of every request, in arrival order (None where a request had none).
 
 Run standalone (``python tests/llm_server.py --latency 2``): prints the port on the first line, serves until killed.
 """
@@ -102,6 +107,8 @@ class LLMServer:
         answer: ``(text, images) -> str``, the ``ok`` answer (default :data:`DEFAULT_ANSWER`).
         latency: seconds added to every answer.
         slow_seconds: how long a ``slow`` answer takes.
+        huge_chars: the length of a ``huge`` answer.
+        drip_seconds: the pause before each byte of a ``drip`` answer.
     """
 
     def __init__(
@@ -110,10 +117,16 @@ class LLMServer:
         latency: float = 0.0,
         slow_seconds: float = 1.0,
         port: int = 0,
+        huge_chars: int = 20_000_000,
+        drip_seconds: float = 1.0,
     ) -> None:
         self.answer = answer or (lambda text, images: DEFAULT_ANSWER)
         self.latency = latency
         self.slow_seconds = slow_seconds
+        self.huge_chars = huge_chars
+        self.drip_seconds = drip_seconds
+        self.max_tokens_seen: list[Any] = []
+        self.stopping = threading.Event()  # ends drip answers when the server shuts down
         self.actions: Counter[str] = Counter()  # what was done, by action
         self.images_seen = 0
         self.last_auth: str | None = None  # the Authorization header of the last request
@@ -130,6 +143,7 @@ class LLMServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -171,6 +185,23 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout): nothing to answer
             self.close_connection = True
 
+    def _drip(self, data: bytes) -> None:
+        """Sends ``data`` as a 200 answer, one byte every ``drip_seconds``, until done or the client gives up."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.flush()
+            for k in range(len(data)):
+                if self.owner.stopping.wait(self.owner.drip_seconds):
+                    break
+                self.wfile.write(data[k : k + 1])
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up: the point of the test
+            pass
+        self.close_connection = True
+
     def _error(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
         self._send(status, {"error": {"message": message, "type": kind, "code": status}}, headers)
 
@@ -186,6 +217,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(400, f"invalid request: {err}", "invalid_request_error")
         server = self.owner
         server.last_auth = self.headers.get("Authorization")
+        with server._lock:
+            server.max_tokens_seen.append(body.get("max_tokens"))
         action = server.next_action(text, images)
         if server.latency:
             time.sleep(server.latency)
@@ -203,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(server.slow_seconds)
         if action == "garbled":
             return self._send(200, b'{"id": "chatcmpl-1", "choices": [{"index"')
-        content = {"off": OFF_TEMPLATE_ANSWER, "empty": ""}.get(action)
+        content = {"off": OFF_TEMPLATE_ANSWER, "empty": "", "huge": "x" * server.huge_chars}.get(action)
         if content is None:
             content = server.answer(text, images)
         if action == "cut":
@@ -212,28 +245,28 @@ class _Handler(BaseHTTPRequestHandler):
         completion_tokens: Any = len(content.split())
         if action == "nousage":
             prompt_tokens = completion_tokens = "n/a"
-        self._send(
-            200,
-            {
-                "id": f"chatcmpl-{hashlib.md5(raw).hexdigest()[:24]}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
-                        "logprobs": None,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+        answer = {
+            "id": f"chatcmpl-{hashlib.md5(raw).hexdigest()[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
-        )
+        }
+        if action == "drip":
+            return self._drip(json.dumps(answer).encode())
+        self._send(200, answer)
         return None
 
 

@@ -473,3 +473,13 @@ def test_preference_tables_are_the_stored_runs():
                 if scores == "minimal_pairs":
                     categories = [f["mean"] for c, f in model[scores].items() if c != "overall"]
                     assert abs(model[scores]["overall"]["mean"] - statistics.mean(categories)) <= 0.1, (part, name)
+
+
+def test_a_threshold_changed_without_its_measurement_is_refused(monkeypatch) -> None:
+    """The thresholds table states each cut-off's value; code that moved one alone fails the rendering."""
+    from namc import thresholds as code
+
+    assert tables.thresholds().count("\n") == len(tables.load(tables.THRESHOLDS)["thresholds"]) + 1
+    monkeypatch.setattr(code, "INT8_MIN_WEIGHT", code.INT8_MIN_WEIGHT * 2)
+    with pytest.raises(ValueError, match="INT8_MIN_WEIGHT is 16384 in namc/thresholds.py"):
+        tables.thresholds()

@@ -1,6 +1,7 @@
-"""FDG.compile_step's frozen step (namc.models.compiled_step) without inductor: what the compiled module holds, when
-it is compiled again, and how many graphs dynamo traces for it (through a backend that counts them and runs each
-graph as traced). Inductor's compiled generations are checked in test_decoding.py and test_precision.py (slow)."""
+"""FusedFDG.compile_step's frozen step (namc.backends.compiled_step) without inductor: what the compiled module
+holds, when it is compiled again, and how many graphs dynamo traces for it (through a backend that counts them and
+runs each graph as traced). Inductor's compiled generations are checked in test_decoding.py and test_precision.py
+(slow)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 import torch
 from torch import fx
 
-from namc.models import qlinear
-from namc.models.compiled_step import CompiledStep, FrozenStep, int8_layers
-from namc.models.fdg import FDG, FDGConfig, _StepWeights
+from namc.backends import qlinear
+from namc.backends.compiled_step import CompiledStep, FrozenStep, int8_layers
+from namc.backends.step import FusedFDG as FDG
+from namc.backends.step import StepWeights as _StepWeights
+from namc.models.fdg import FDGConfig
 
 
 def _fdg() -> FDG:
@@ -159,7 +162,7 @@ def test_a_frozen_step_compiles_again_for_every_version_of_its_weights():
 @pytest.mark.slow  # torch.compile
 def test_unfrozen_steps_of_like_fdgs_share_their_graphs():
     """With the weights as inputs, one traced graph serves every FDG of the same shape (their steps share
-    ``FDG._fused_step``'s code object), each decoding with its own weights."""
+    ``FusedFDG._fused_step``'s code object), each decoding with its own weights."""
     memory = torch.randn(2, 5, 32)
     graphs: list[fx.GraphModule] = []
     backend = _counting(graphs)  # one backend, as inductor's wrappers of the same options compare equal

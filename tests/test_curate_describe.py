@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llm_server import DEFAULT_ANSWER, LLMServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--timeout", "0.3", "--backoff-base", "0.01", "--backoff-max", "0.03", "--max-attempts", "3", "--quiet"]
+FAST = ["--timeout", "0.8", "--backoff-base", "0.01", "--backoff-max", "0.03", "--max-attempts", "3", "--quiet"]
 _CAPTIONS = re.compile(r"First image could be described as: (.*?)\. Second image could be described as: (.*?)\. ")
 
 
@@ -98,7 +98,7 @@ def test_every_outcome_is_recorded_and_counted(shapes: dict, tmp_path: Path) -> 
     with open(pairs, "a", encoding="utf-8") as f:
         f.write("{not json\n" + json.dumps({"id": shapes["records"][0]["id"], "source": "dup"}) + "\n")
     out = tmp_path / "out" / "descriptions.jsonl"
-    with LLMServer(answer=echo_answer, slow_seconds=0.6) as server:
+    with LLMServer(answer=echo_answer, slow_seconds=3.0) as server:
         args = ["--pairs", str(pairs), "--out", str(out), "--base-url", server.url, "--concurrency", "4", *FAST]
         assert describe_cli.main(args) == 0
         summary = json.loads(out.with_name("descriptions.summary.json").read_text())

@@ -14,16 +14,17 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from namc.backends import onednn, precision
+from namc.backends.qconv import qconv_available
 from namc.data.pairs import PairListDataset, read_pair_list
 from namc.data.synthetic import generate_benchmark, generate_corpus, render_scene
 from namc.eval.noise import auroc, noise_auroc
 from namc.eval.plots import plot_relevance
 from namc.lit import ExportModel, FinetuneModule, PretrainModule
 from namc.lit.datamodules import BenchmarkDataModule, CorpusDataModule
-from namc.models import load_model, onednn, precision
+from namc.models import load_model
 from namc.models.io import read_config, read_tokenizer
 from namc.models.namc import NAMC
-from namc.models.qconv import qconv_available
 from namc.objectives import CosineSchedule, pretrain_step
 from namc.ops.distributed import all_gather_with_grad, gather_objects
 from namc.text.tokenizer import same_tokenizer

@@ -1,4 +1,4 @@
-"""An fp32 decoding step on matrices reordered once for oneDNN (namc.models.packed_step): from which batch, which
+"""An fp32 decoding step on matrices reordered once for oneDNN (namc.backends.packed_step): from which batch, which
 matrices, the same logits and ids as the plain weights, kept until a parameter changes, and copies of the model."""
 
 from __future__ import annotations
@@ -8,8 +8,11 @@ import copy
 import pytest
 import torch
 
-from namc.models import StaticDecoder, onednn, packed_step
-from namc.models.fdg import FDG, FDGConfig
+from namc.backends import onednn
+from namc.backends import step as packed_step
+from namc.backends.static_decode import StaticDecoder
+from namc.backends.step import FusedFDG as FDG
+from namc.models.fdg import FDGConfig
 
 pytestmark = pytest.mark.skipif(not onednn.linear_available(), reason="oneDNN's linear kernel is not available")
 

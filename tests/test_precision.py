@@ -1,5 +1,5 @@
-"""Inference precision (namc.models.precision), BatchNorm folding (GridEncoder.fold_batchnorm), the compile-safe
-decoding step and ``namc describe --precision``.
+"""Inference precision (namc.backends.precision), BatchNorm folding (namc.backends.grid.fold_batchnorm), the
+compile-safe decoding step and ``namc describe --precision``.
 
 The ``trained`` fixture fits namc_tiny (MIR + FDG; the grid stays frozen) for a few dozen Adam steps on one fixed
 batch of 16 pairs, each with its own 6-word caption, so greedy decoding writes varied words; agreement with fp32 is
@@ -17,14 +17,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 import namc
-from namc.data.collate import pad_sequences
-from namc.describe_cli import main as describe_main
-from namc.models import fdg as fdg_module
-from namc.models import onednn
-from namc.models import precision as precision_module
-from namc.models.fdg import FDG, FDGConfig
-from namc.models.grid import GridEncoder
-from namc.models.precision import (
+from namc.backends import onednn
+from namc.backends import precision as precision_module
+from namc.backends import step as fdg_module
+from namc.backends.grid import fold_batchnorm, fuse_grid
+from namc.backends.precision import (
     CALIBRATION_FILE,
     PARTS,
     PRECISIONS,
@@ -36,8 +33,13 @@ from namc.models.precision import (
     mir_in_bf16,
     part_precisions,
 )
-from namc.models.qconv import QuantStem, qconv_available
-from namc.models.qlinear import KERNELS_ENV, DynamicLinear, int8_kernels
+from namc.backends.qconv import QuantStem, qconv_available
+from namc.backends.qlinear import KERNELS_ENV, DynamicLinear, int8_kernels
+from namc.backends.step import FusedFDG as FDG
+from namc.data.collate import pad_sequences
+from namc.describe_cli import main as describe_main
+from namc.models.fdg import FDGConfig
+from namc.models.grid import GridEncoder
 
 PAIRS = 16
 # Share of identical captions each precision must reach against fp32 on the 48 pairs. bf16 keeps 8 mantissa bits
@@ -46,7 +48,7 @@ PAIRS = 16
 # changes the rest of that caption. Measured: 48/48 identical for both (bf16 and int8); 0.9 leaves room for the
 # few near-ties another CPU's kernels may round differently, while a broken conversion (wrong scale, wrong dtype,
 # stale or unfolded weights) changes nearly every caption. (A model trained on paraphrases has many more near-ties:
-# on the demo's test split bf16 and int8 keep 88% of the captions identical; namc.models.precision.)
+# on the demo's test split bf16 and int8 keep 88% of the captions identical; namc.backends.precision.)
 MIN_IDENTICAL = 0.9
 # oneDNN's bf16 kernels: a CPU without them (AVX2 only) keeps a bf16 copy in fp32
 # (test_bf16_on_a_cpu_without_onednn_bf16), so the tests of bf16 kernels skip there
@@ -117,7 +119,7 @@ def int8_layer_kernels(twin: torch.nn.Module) -> set[str]:
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int8 static grid", "int8 static grid, plain kernels"])
 def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch):
     """bf16 and int8 against fp32; int8 also with the grid in static int8, and on the plain int8 kernels that take
-    over where PyTorch no longer has its quantised dtypes (namc.models.qlinear.int8_kernels)."""
+    over where PyTorch no longer has its quantised dtypes (namc.backends.qlinear.int8_kernels)."""
     model, images_1, images_2 = trained
     fp32 = model.generate(images_1, images_2)
     assert len(set(fp32[:PAIRS])) == PAIRS  # the fixture's model writes a different caption for every trained pair
@@ -200,7 +202,7 @@ def test_int8_copy_packs_every_step_matrix(trained, amx, monkeypatch):
     packed = twin.fdg._packed_step
     assert len(packed) == len(twin.fdg.blocks)
     assert packed[0].vocab is packed[-1].vocab  # the shared vocabulary matrix is packed once
-    for name in fdg_module._StepWeights.NAMES:
+    for name in fdg_module.StepWeights.NAMES:
         (layer,) = getattr(packed[0], name)
         assert isinstance(layer, DynamicLinear)
     bf16_mir = amx and onednn.bf16_supported()
@@ -241,7 +243,7 @@ def test_bf16_copy_prepacks_every_step_matrix(trained):
     twin = inference_copy(model, "bf16")
     packed = twin.fdg._packed_step
     assert packed[0].vocab is packed[-1].vocab  # the shared vocabulary matrix is packed once
-    for name in fdg_module._StepWeights.NAMES:
+    for name in fdg_module.StepWeights.NAMES:
         weight, bias = getattr(packed[0], name)
         assert weight.is_mkldnn and weight.dtype == torch.bfloat16
         assert bias is None or bias.dtype == torch.bfloat16
@@ -330,7 +332,7 @@ def test_folded_batchnorm_gives_the_same_grid(one_thread):
     with torch.inference_mode():
         before = grid(images)
     folded = copy.deepcopy(grid)
-    assert folded.fold_batchnorm() == len(bns)
+    assert fold_batchnorm(folded) == len(bns)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
     with torch.inference_mode():
         after = folded(images)
@@ -347,13 +349,13 @@ def test_fused_grid_equals_the_folded_grid(one_thread, arch, dtype):
     module path's up to rounding, at a batch and an image size the weights were not reordered for."""
     torch.manual_seed(0)
     grid = GridEncoder(arch, 3).eval()
-    grid.fold_batchnorm()
+    fold_batchnorm(grid)
     for conv in (m for m in grid.modules() if isinstance(m, torch.nn.Conv2d)):
         conv.weight.data.mul_(3.0)  # timm's init keeps activations tiny; larger ones make errors visible
         conv.to(dtype)
     convs = sum(isinstance(m, torch.nn.Conv2d) for m in grid.modules())
     fused = copy.deepcopy(grid)
-    assert fused.fuse_onednn() == convs
+    assert fuse_grid(fused) == convs
     assert not any(isinstance(m, (torch.nn.Conv2d, torch.nn.ReLU)) for m in fused.backbone.modules())
     with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=dtype == torch.bfloat16):
         for images in (torch.rand(3, 3, 64, 64), torch.rand(1, 3, 96, 128)):
@@ -429,7 +431,7 @@ def test_bf16_without_onednn(trained, monkeypatch):
 def test_bf16_on_a_cpu_without_onednn_bf16(trained, monkeypatch):
     """Where oneDNN has no bf16 (an AVX2-only CPU, where PyTorch's fallback kernels run bf16 several times slower
     than fp32, and oneDNN refuses bf16 reorders), the bf16 copy keeps every part in fp32, its grid folded and fused
-    as int8's, says so once in a warning and in part_precisions, and writes fp32's captions; FDG.pack_step("bf16")
+    as int8's, says so once in a warning and in part_precisions, and writes fp32's captions; FusedFDG.pack_step("bf16")
     leaves bf16 matrices plain there. Run for real on such a CPU; elsewhere oneDNN's answer is overridden."""
     monkeypatch.setattr(onednn, "_BF16_OK", False)
     model, images_1, images_2 = trained
@@ -448,15 +450,15 @@ def test_bf16_on_a_cpu_without_onednn_bf16(trained, monkeypatch):
     assert not onednn.is_packed(fdg.step_weights()[0].vocab[0])
 
 
-def test_fuse_onednn_needs_a_folded_grid():
+def test_fuse_grid_needs_a_folded_grid():
     with pytest.raises(ValueError, match="fold_batchnorm"):
-        GridEncoder("resnet18", 3).eval().fuse_onednn()
+        fuse_grid(GridEncoder("resnet18", 3).eval())
 
 
 def test_fold_batchnorm_refuses_a_trainable_grid():
     grid = GridEncoder("resnet18", 3, frozen=False)
     with pytest.raises(ValueError, match="frozen"):
-        grid.fold_batchnorm()
+        fold_batchnorm(grid)
 
 
 def test_dense_leaves_the_private_onednn_op_out_of_compiled_graphs(monkeypatch):

@@ -1,4 +1,4 @@
-"""Static int8 grid (namc.models.qconv, GridEncoder.int8_peaks / quantize_int8, precision.calibrate_int8).
+"""Static int8 grid (namc.backends.qconv, namc.backends.grid.grid_int8_peaks / quantize_grid, precision.calibrate_int8).
 
 The kernels are checked against a float convolution of the same int8 codes (the only rounding left is the output's
 own quantisation), a whole quantised ResNet against the fp32 one it came from, and the calibration's life cycle on a
@@ -16,17 +16,18 @@ import torch
 import torch.nn.functional as F
 
 import namc
-from namc.lit.callbacks import _keep_int8_calibration
-from namc.models import onednn, qconv
-from namc.models.files import ConfigError, WeightsError
-from namc.models.grid import GridEncoder
-from namc.models.precision import (
+from namc.backends import onednn, qconv
+from namc.backends.grid import fold_batchnorm, fuse_grid, grid_int8_peaks, quantize_grid
+from namc.backends.precision import (
     CALIBRATION_FILE,
     inference_copy,
     int8_calibration,
     int8_grid,
     set_int8_calibration,
 )
+from namc.lit.callbacks import _keep_int8_calibration
+from namc.models.files import ConfigError, WeightsError
+from namc.models.grid import GridEncoder
 
 pytestmark = pytest.mark.skipif(not onednn.conv_available(), reason="this torch build lacks oneDNN's convolutions")
 # the int8 kernels themselves; calibrating, saving and loading a calibration run everywhere (a CPU without them runs a
@@ -110,7 +111,7 @@ def test_quant_stem_is_the_fp32_stem_and_max_pool(ceiling):
     conv = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3).eval()
     fused, pool = onednn.FusedConv(conv, relu=True), torch.nn.MaxPool2d(3, stride=2, padding=1)
     grid = GridEncoder("resnet18", 3)
-    pixels = grid._normalize(torch.rand(2, 3, 32, 40, generator=g))
+    pixels = grid.normalize(torch.rand(2, 3, 32, 40, generator=g))
     peak = float(torch.maximum(-grid.mean / grid.std, (1 - grid.mean) / grid.std).abs().max())
     with torch.inference_mode():
         expected = pool(fused(pixels))
@@ -159,20 +160,20 @@ def test_static_int8_grid_is_close_to_the_fp32_grid(arch, ceiling):
     grid = _grid(arch)
     g = torch.Generator().manual_seed(1)
     calibration = [torch.rand(4, 3, 64, 64, generator=g) for _ in range(2)]
-    peaks = grid.int8_peaks(calibration)
+    peaks = grid_int8_peaks(grid, calibration)
 
     def fused() -> GridEncoder:  # a fused encoder cannot be copied: fold and fuse a fresh copy each time
         out = copy.deepcopy(grid)
-        out.fold_batchnorm()
-        out.fuse_onednn()
+        fold_batchnorm(out)
+        fuse_grid(out)
         return out
 
     fp32, int8, clipped = fused(), fused(), fused()
     convs = sum(len(b.inner) + 1 + (b.downsample is not None) for b in qconv._blocks(fp32.backbone))
-    assert int8.quantize_int8(peaks, ceiling) == convs + 1  # the stem too
+    assert quantize_grid(int8, peaks, ceiling) == convs + 1  # the stem too
     assert not any(isinstance(m, (onednn.FusedBlock, onednn.FusedConv)) for m in int8.modules())
     assert isinstance(int8.backbone.conv1, qconv.QuantStem) and isinstance(int8.backbone.maxpool, torch.nn.Identity)
-    clipped.quantize_int8([[p / 20 for p in block] for block in peaks], ceiling)  # scales far too small: saturation
+    quantize_grid(clipped, [[p / 20 for p in block] for block in peaks], ceiling)  # scales far too small: saturation
     assert all(b.ceiling == ceiling for b in int8.modules() if isinstance(b, (qconv.QuantBlock, qconv.QuantStem)))
     with torch.inference_mode():
         for images in (torch.rand(3, 3, 64, 64, generator=g), torch.rand(1, 3, 96, 128, generator=g)):
@@ -186,15 +187,15 @@ def test_static_int8_grid_is_close_to_the_fp32_grid(arch, ceiling):
 def test_calibration_needs_images_and_a_fused_fp32_grid():
     grid = _grid("resnet18")
     with pytest.raises(ValueError, match="at least one batch"):
-        grid.int8_peaks([])
+        grid_int8_peaks(grid, [])
     with pytest.raises(ValueError, match=r"must be \(B, 3, H, W\), got \(3, 64, 64\)"):
-        grid.int8_peaks([torch.rand(3, 64, 64)])
+        grid_int8_peaks(grid, [torch.rand(3, 64, 64)])
     with pytest.raises(ValueError, match="fused ResNet"):
-        grid.quantize_int8([[1.0]])  # not folded and fused
-    grid.fold_batchnorm()
-    grid.fuse_onednn()
+        quantize_grid(grid, [[1.0]])  # not folded and fused
+    fold_batchnorm(grid)
+    fuse_grid(grid)
     with pytest.raises(ValueError, match="calibrated blocks"):
-        grid.quantize_int8([[1.0, 1.0, 1.0]])
+        quantize_grid(grid, [[1.0, 1.0, 1.0]])
 
 
 def test_calibrate_int8_switches_the_copy_grid_until_the_grid_changes():
@@ -205,7 +206,7 @@ def test_calibrate_int8_switches_the_copy_grid_until_the_grid_changes():
     assert int8_grid(model) == "fp32" and int8_calibration(model) is None
     before = inference_copy(model, "int8")
     assert not any(isinstance(m, qconv.QuantBlock) for m in before.modules())
-    model.calibrate_int8([a, b])  # the method and namc.models.precision.calibrate_int8 are one
+    model.calibrate_int8([a, b])  # the method and namc.backends.precision.calibrate_int8 are one
     static = qconv.qconv_available()  # else (no oneDNN int8 convolution) the calibrated grid runs fused in fp32
     assert int8_calibration(model) is not None and int8_grid(model) == ("int8" if static else "fp32")
     twin = inference_copy(model, "int8")

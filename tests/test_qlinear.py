@@ -1,4 +1,4 @@
-"""Dynamic int8 linear layers (namc.models.qlinear): 8-bit activations where the CPU has VNNI, no saturation at the
+"""Dynamic int8 linear layers (namc.backends.qlinear): 8-bit activations where the CPU has VNNI, no saturation at the
 top of the range, every ``nn.Linear`` of a module replaced, the same layers as PyTorch's deprecated flow without it."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import torch
 from torch import nn
 
 import namc
-from namc.models import qlinear
-from namc.models.fusion import ConcatFusion
-from namc.models.precision import inference_copy
-from namc.models.qlinear import (
+from namc.backends import qlinear
+from namc.backends.precision import inference_copy
+from namc.backends.qlinear import (
     KERNELS_ENV,
     DynamicLinear,
     full_range,
@@ -25,6 +24,7 @@ from namc.models.qlinear import (
     quantize_weight,
     weight_codes,
 )
+from namc.models.fusion import ConcatFusion
 
 QUANTIZED = hasattr(torch.ops.quantized, "linear_dynamic")
 KERNELS = ["quantized", "plain"] if QUANTIZED else ["plain"]
@@ -126,7 +126,7 @@ def test_linear_subclasses_take_their_own_int8_form_or_raise():
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return 2 * super().forward(x)
 
-    with pytest.raises(TypeError, match=r"^1: Scaled subclasses nn.Linear without a to_dynamic_int8\(\)"):
+    with pytest.raises(TypeError, match=r"^1: Scaled subclasses nn.Linear without an int8 form"):
         quantize_linears(nn.Sequential(nn.Linear(4, 4), Scaled(4, 4)))
     attention = quantize_linears(nn.Sequential(nn.MultiheadAttention(16, 2)))[0]
     assert type(attention.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear

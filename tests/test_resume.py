@@ -2,10 +2,11 @@
 (``torch.equal`` on every tensor of the final weights) to an uninterrupted run; checkpoints are written atomically;
 a DDP rank that raises ends the whole job.
 
-The runs are real ``python -m namc fit`` subprocesses in their own process group. A callback of this module
-(``KillAt``, named in the run's config) SIGKILLs the group (ranks and DataLoader workers) in the middle of the
-training step after the checkpoint of step ``$NAMC_TEST_KILL_AT`` is on disk; each segment of a chain resumes with
-``--ckpt_path last.ckpt`` and is killed further on.
+The runs are real ``python -m namc fit`` subprocesses, as a user runs them: under namc's supervisor, which runs the
+job in a session of its own. A callback of this module (``KillAt``, named in the run's config) SIGKILLs the job's
+process group (ranks and DataLoader workers) in the middle of the training step after the checkpoint of step
+``$NAMC_TEST_KILL_AT`` is on disk; each segment of a chain resumes with ``--ckpt_path last.ckpt`` and is killed
+further on. After every run, no process of the job may be left.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from _jobprocs import kill_processes, processes_with_env
 
 from namc.data.corpus import pack_corpus
 from namc.data.synthetic import generate_benchmark, generate_corpus
@@ -41,10 +44,11 @@ TESTS = Path(__file__).resolve().parent
 KILL_ENV = "NAMC_TEST_KILL_AT"  # optimizer step after whose checkpoint KillAt kills the job
 FAIL_ENV = "NAMC_TEST_FAIL_AT"  # "rank:step": FailAt raises there
 FSIZE_ENV = "NAMC_TEST_FSIZE_AT"  # "step:bytes": LimitFileSize kills the checkpoint write of that step
+JOB_ENV = "NAMC_TEST_JOB"  # a token every process of one run inherits: how the test finds them
 TIMEOUT = 240  # seconds for one run: a hang fails the test instead of blocking the suite
 
 # Every process of a job imports this module (its callbacks are named in the run's config) before it starts
-# training, and DataLoader workers fork after that: a SIGUSR1 to the job (``_dump_group_stacks``, on a timeout)
+# training, and DataLoader workers fork after that: a SIGUSR1 to the job (``_dump_job_stacks``, on a timeout)
 # makes each print where its threads wait, so a hang fails with a diagnosis rather than a bare timeout.
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 
@@ -199,19 +203,23 @@ def write_config(
 class Run:
     returncode: int
     output: str
-    survivors: bool  # processes of the job still alive 30 s after its main process ended
+    survivors: list[str]  # processes of the job still alive when ``namc fit`` returned (killed since)
 
 
 def run_fit(
     config: Path, ckpt_path: str | None = None, env: dict[str, str] | None = None, timeout: float = TIMEOUT
 ) -> Run:
-    """``python -m namc fit --config config [--ckpt_path ...]`` in its own process group; what is left of the group
-    30 s after the main process ends (a rank or worker that hangs) is killed and reported."""
+    """``python -m namc fit --config config [--ckpt_path ...]`` in its own session, as a user runs it (under
+    namc's supervisor, which runs the job in a session of its own); every process of the job (found by a token in
+    its environment, which ranks, workers, the fork server and the resource tracker all inherit) that is still alive
+    when the command has returned is reported and killed."""
     cmd = [sys.executable, "-m", "namc", "fit", "--config", str(config)]
     if ckpt_path is not None:
         cmd += ["--ckpt_path", ckpt_path]
     path = os.pathsep.join(p for p in (os.environ.get("NAMC_TEST_PYTHONPATH"), str(TESTS)) if p)
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(env or {})}
+    token = uuid.uuid4().hex
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, JOB_ENV: token, **(env or {})}
+    full_env.pop("NAMC_SUPERVISED", None)
     proc = subprocess.Popen(
         cmd,
         cwd=config.parent,
@@ -224,8 +232,9 @@ def run_fit(
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        stacks = _dump_group_stacks(proc.pid)
+        stacks = _dump_job_stacks(proc.pid, token)
         _kill_group(proc.pid)
+        kill_processes(processes_with_env(JOB_ENV, token))
         out, _ = proc.communicate()
         log = config.parent / f"hang-{time.strftime('%H%M%S')}.log"
         log.write_text(out)
@@ -233,39 +242,17 @@ def run_fit(
             f"namc fit did not end within {timeout} s; processes of the job: {stacks}; whole output in {log}:\n"
             f"{out[-12000:]}"
         ) from None
-    deadline = time.monotonic() + 30
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    survivors = _kill_group(proc.pid)
+    survivors = processes_with_env(JOB_ENV, token)
+    kill_processes(survivors)
+    _kill_group(proc.pid)
     return Run(proc.returncode, out, survivors)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _group_members(pgid: int) -> list[str]:
-    """``pid command`` of every live process of the group (from /proc)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
-                cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                members.append(f"{stat.parent.name} [{fields[0]}] {cmd[:120]}")
-        except (OSError, IndexError, ValueError):
-            continue
-    return members
-
-
-def _dump_group_stacks(pgid: int) -> list[str]:
-    """SIGUSR1 to the group: every process of the job prints the Python stack of each of its threads to the job's
-    output (the handler registered at the top of this module); returns the members, listed first."""
-    members = _group_members(pgid)
+def _dump_job_stacks(pgid: int, token: str) -> list[str]:
+    """SIGUSR1 to the command, which passes it on to its job: every process of the job prints the Python stack of
+    each of its threads to the job's output (the handler registered at the top of this module); returns the job's
+    processes, listed first."""
+    members = processes_with_env(JOB_ENV, token)
     try:
         os.killpg(pgid, signal.SIGUSR1)
     except ProcessLookupError:
@@ -296,6 +283,7 @@ def tensor_diffs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list
 def uninterrupted(run_dir: Path, stage: dict[str, Any], devices: int = 1) -> dict[str, Any]:
     res = run_fit(write_config(run_dir, stage, devices))
     assert res.returncode == 0, res.output[-4000:]
+    assert not res.survivors, res.survivors
     return load_ckpt(run_dir / "ckpt" / "last.ckpt")
 
 
@@ -307,10 +295,12 @@ def killed_chain(run_dir: Path, stage: dict[str, Any], kills: list[int], devices
     for i, step in enumerate(kills):
         res = run_fit(config, str(last) if i else None, env={KILL_ENV: str(step)})
         assert res.returncode == -signal.SIGKILL, f"expected a SIGKILL at step {step}:\n{res.output[-4000:]}"
+        assert not res.survivors, res.survivors
         assert load_ckpt(last)["global_step"] == step
     res = run_fit(config, str(last), env={})
     assert res.returncode == 0, res.output[-4000:]
     assert "dataloader is not resumable" not in res.output
+    assert not res.survivors, res.survivors
     return load_ckpt(last)
 
 
@@ -545,7 +535,7 @@ def test_a_failing_rank_ends_the_ddp_job_and_the_resume_is_exact(data, reference
     start = time.monotonic()
     res = run_fit(config, env={FAIL_ENV: "1:3"}, timeout=120)
     assert time.monotonic() - start < 120
-    assert res.returncode != 0 and not res.survivors
+    assert res.returncode != 0 and not res.survivors, res.survivors
     assert "[rank1]: RuntimeError: injected fault on rank 1 after step 3" in res.output
     assert load_ckpt(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 3
 
@@ -558,5 +548,5 @@ def test_a_failing_rank_ends_the_ddp_job_and_the_resume_is_exact(data, reference
 def test_a_failing_rank_zero_ends_the_ddp_job(data, tmp_path: Path) -> None:
     config = write_config(tmp_path, _stage(data, "finetune", 2), devices=2)
     res = run_fit(config, env={FAIL_ENV: "0:2"}, timeout=120)
-    assert res.returncode != 0 and not res.survivors
+    assert res.returncode != 0 and not res.survivors, res.survivors
     assert "[rank0]: RuntimeError: injected fault on rank 0 after step 2" in res.output

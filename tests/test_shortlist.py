@@ -15,12 +15,14 @@ import pytest
 import torch
 
 import namc
-from namc.models import onednn
-from namc.models.compiled_step import CompiledStep
-from namc.models.fdg import FDG, FDGConfig
+from namc.backends import onednn
+from namc.backends.compiled_step import CompiledStep
+from namc.backends.static_decode import StaticDecoder
+from namc.backends.step import FusedFDG as FDG
+from namc.backends.step import first_max_index, shortlist_head
+from namc.models.fdg import FDGConfig
 from namc.models.files import ConfigError
-from namc.models.shortlist import SHORTLIST_FILE, Shortlist, first_max_index
-from namc.models.static_decode import StaticDecoder
+from namc.models.shortlist import SHORTLIST_FILE, Shortlist
 
 V, D, EOS, PAD = 300, 32, 2, 0
 
@@ -100,7 +102,7 @@ def test_int8_rows_are_the_full_projections_to_the_bit():
 )
 @torch.inference_mode()
 def test_a_bf16_copy_projects_onto_prepacked_rows():
-    fdg = _fdg().to(torch.bfloat16)  # as the bf16 inference copy (namc.models.precision)
+    fdg = _fdg().to(torch.bfloat16)  # as the bf16 inference copy (namc.backends.precision)
     fdg.pack_step("bf16")
     short = _shortlist()
     head = fdg.shortlisted(fdg.step_weights(), short)[-1].vocab
@@ -164,17 +166,17 @@ def test_compiled_generation_over_a_list():
 def test_prepared_rows_are_kept_until_the_matrix_changes():
     fdg = _fdg()
     short = _shortlist()
-    first = short.head(fdg.step_weights()[-1].vocab, fdg.tok.weight)
-    assert short.head(fdg.step_weights()[-1].vocab, fdg.tok.weight) is first
+    first = shortlist_head(short, fdg.step_weights()[-1].vocab, fdg.tok.weight)
+    assert shortlist_head(short, fdg.step_weights()[-1].vocab, fdg.tok.weight) is first
     with torch.no_grad():
         fdg.tok.weight.mul_(2.0)  # in place (an optimiser step): a new version
-    again = short.head(fdg.step_weights()[-1].vocab, fdg.tok.weight)
+    again = shortlist_head(short, fdg.step_weights()[-1].vocab, fdg.tok.weight)
     assert again is not first
     torch.testing.assert_close(again[0], fdg.tok.weight[short.ids])
     twin = copy.deepcopy(fdg)
     twin.pack_step("int8")
-    packed = short.head(twin.step_weights()[-1].vocab, twin.tok.weight)
-    assert short.head(twin.step_weights()[-1].vocab, twin.tok.weight) is packed  # built once per copy
+    packed = shortlist_head(short, twin.step_weights()[-1].vocab, twin.tok.weight)
+    assert shortlist_head(short, twin.step_weights()[-1].vocab, twin.tok.weight) is packed  # built once per copy
     gone = weakref.ref(twin.tok.weight)
     del twin
     gc.collect()

@@ -1,4 +1,4 @@
-"""Fixed-shape greedy decoding (namc.models.static_decode) against FDG.generate: the same ids with rows ending at
+"""Fixed-shape greedy decoding (namc.backends.static_decode) against FDG.generate: the same ids with rows ending at
 scattered steps, a memory mask, the bf16 and int8 copies, buffers kept per shape; the CUDA graph where a GPU is."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import namc
-from namc.models import fdg as fdg_module
-from namc.models import onednn
-from namc.models.fdg import FDG, FDGConfig
-from namc.models.precision import inference_copy
-from namc.models.static_decode import StaticDecoder, StaticKVCache
+from namc.backends import onednn
+from namc.backends import step as fdg_module
+from namc.backends.precision import inference_copy
+from namc.backends.static_decode import StaticDecoder, StaticKVCache
+from namc.backends.step import FusedFDG as FDG
+from namc.models.fdg import FDGConfig
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,4 @@
-"""namc.models.threads: small products on one thread where OpenMP's idle threads sleep, the same results either way.
+"""namc.backends.threads: small products on one thread where OpenMP's idle threads sleep, the same results either way.
 
 OpenMP reads ``OMP_WAIT_POLICY`` when torch loads, so each policy runs in a fresh interpreter (slow); the same
 probes also run in this process with the module's reading of the policy set by hand."""
@@ -12,11 +12,11 @@ import sys
 import pytest
 import torch
 
-from namc.models import threads
+from namc.backends import threads
 
 PROBE = """
 import torch
-from namc.models import threads
+from namc.backends import threads
 torch.set_num_threads(2)
 calls = [("int8", 1e6), ("int8", 1e9), ("bf16", 1e6), ("fp32", 1e6), ("sdpa_fp32", 1e8), ("layer_norm", 24576),
          ("gelu", 98304), ("layer_norm", 1e6), ("argmax", 32 * 49409), ("argmax", 128 * 49409)]
@@ -32,11 +32,13 @@ print(threads.idle_threads_sleep(), seen, torch.get_num_threads())
 SAME = """
 import copy
 import torch
-from namc.models import onednn, threads
-from namc.models.fdg import FDG, FDGConfig
-from namc.models.layers import GELU, LayerNorm
-from namc.models.qlinear import DynamicLinear
-from namc.models.shortlist import first_max_index
+from namc.backends import onednn, threads
+from namc.backends.step import FusedFDG as FDG
+from namc.models.fdg import FDGConfig
+from namc.backends.step import InplaceGELU as GELU
+from namc.backends.step import ThreadedLayerNorm as LayerNorm
+from namc.backends.qlinear import DynamicLinear
+from namc.backends.step import first_max_index
 torch.set_num_threads(2)
 torch.manual_seed(0)
 layer, w = DynamicLinear(torch.randn(96, 64), torch.randn(96)), torch.randn(4096, 64)

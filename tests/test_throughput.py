@@ -16,16 +16,17 @@ import torch
 from torch import nn
 
 import namc
+from namc.backends import onednn
+from namc.backends.onednn import OneDNNLinear
+from namc.backends.precision import int8_calibration
+from namc.backends.qconv import qconv_available
+from namc.backends.qlinear import DynamicLinear, full_range, int8_kernels
+from namc.backends.step import InplaceGELU as GELU
+from namc.backends.step import ThreadedLayerNorm as LayerNorm
 from namc.eval import throughput as tp
 from namc.eval.throughput.clip4idc import linear_form
 from namc.eval.throughput.flops import fdg_shape
 from namc.eval.throughput.schema_doc import schema_markdown
-from namc.models import onednn
-from namc.models.layers import GELU, LayerNorm
-from namc.models.onednn import OneDNNLinear
-from namc.models.precision import int8_calibration
-from namc.models.qconv import qconv_available
-from namc.models.qlinear import DynamicLinear, full_range, int8_kernels
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmark_schema.md"
 # what a CPU runs: oneDNN's bf16 (AVX-512 or AMX; an AVX2-only CPU keeps bf16 copies in fp32) and its exact int8
@@ -507,7 +508,7 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     assert linear_form(low, encoder=True) == encoder and linear_form(peer, encoder=True) == "fp32"
     used = [low.clip.visual, low.cross, low.decoder, low.transform, low.head]
     assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]
-    # its LayerNorms and GELUs are namc's, with namc's rule for small inputs (namc.models.threads)
+    # its LayerNorms and GELUs are namc's, with namc's rule for small inputs (namc.backends.threads)
     norms = [m for m in low.modules() if isinstance(m, (nn.LayerNorm, nn.GELU))]
     assert len(norms) > 40 and all(type(m) in (LayerNorm, GELU) for m in norms)
     assert all(isinstance(layer.activation, GELU) for layer in low.decoder)

@@ -44,8 +44,9 @@ from namc.curate.llm import (
 from namc.curate.llm.runner import read_jsonl_objects
 from namc.curate.llm.store import atomic_write_text, last_results, read_at
 from namc.curate.prompts import CAPTION_PROMPT
-from namc.data.jsonl import json_line
 from namc.data.refs import rebase_ref
+from namc.jsonl import json_line
+from namc.locks import LockedError, output_lock
 
 __all__ = ["caption_jobs", "main", "write_captions"]
 
@@ -107,7 +108,7 @@ def write_captions(results: Path, out: Path) -> int:
     partial = out.with_name(f".{out.name}.partial")
     with open(results, "rb") as f, open(partial, "w", encoding="utf-8") as dst:
         for key in where:
-            r = read_at(f, where[key])
+            r = read_at(f, where[key], "key")
             text = r.get("text")
             if r.get("status") == "ok" and isinstance(text, str) and text.strip():
                 dst.write(json_line({"key": key, "caption": " ".join(text.split())}))
@@ -148,15 +149,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or (args.workdir or source.parent) / "captions.jsonl"
     results = out.with_name(out.stem + ".results.jsonl")
     summary = RunSummary()
-    with ResultStore(results, id_field="key") as store:
-        if args.retry_failed:
-            logger.info("retrying %d failed images", store.forget_failed())
-        jobs = caption_jobs(source, out.parent, store, summary, args.pairs is not None, args.overwrite, args.max_side)
-        todo = max(0, count_lines(source, None) * (2 if args.pairs is not None else 1) - len(store.done))  # ETA
-        run_jobs(jobs, store, client_config(args), summary, todo, not args.quiet, "caption", args.seed)
-    summary.check()
-    n = write_captions(results, out)
-    atomic_write_text(summary_path(out), json.dumps(summary.to_dict(), indent=2) + "\n")
+    try:
+        # one run per output folder: two runs on one results file would send every request twice
+        with output_lock(out.parent, "namc curate caption"):
+            with ResultStore(results, id_field="key") as store:
+                if args.retry_failed:
+                    logger.info("retrying %d failed images", store.forget_failed())
+                pairs = args.pairs is not None
+                jobs = caption_jobs(source, out.parent, store, summary, pairs, args.overwrite, args.max_side)
+                todo = max(0, count_lines(source, None) * (2 if pairs else 1) - len(store.done))  # ETA
+                run_jobs(jobs, store, client_config(args), summary, todo, not args.quiet, "caption", args.seed)
+            summary.check()
+            n = write_captions(results, out)
+            atomic_write_text(summary_path(out), json.dumps(summary.to_dict(), indent=2) + "\n")
+    except LockedError as err:
+        print(f"namc curate caption: error: {err}", file=sys.stderr)
+        return 2
     print(summary.format())
     print(f"captions: {n} written to {out}")
     return 0

@@ -39,7 +39,7 @@ def load_section(path: str | Path, section: str) -> dict[str, Any]:
     """The ``section`` mapping of a pipeline YAML, with the shared top-level keys added (section keys win)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:

@@ -48,6 +48,7 @@ from namc.curate.llm.runner import read_jsonl_objects
 from namc.curate.llm.store import atomic_write_text
 from namc.curate.prompts import PromptError, describe_prompt, prompt_kind
 from namc.data.refs import rebase_ref
+from namc.locks import LockedError, output_lock
 
 __all__ = ["build_parser", "describe_jobs", "load_captions", "main"]
 
@@ -212,14 +213,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = client_config(args)
     captions = load_captions(args.captions) if args.captions else {}
     summary = RunSummary()
-    with ResultStore(out) as store:
-        if args.retry_failed:
-            logger.info("retrying %d failed pairs", store.forget_failed())
-        todo = max(0, sum(count_lines(p, args.limit) for p in pairs) - len(store.done))
-        jobs = describe_jobs(pairs, out.parent, store, summary, captions, args.max_side, args.limit)
-        run_jobs(jobs, store, config, summary, total=todo, progress=not args.quiet, desc="describe", seed=args.seed)
-    summary.check()
-    atomic_write_text(summary_path(out), json.dumps(summary.to_dict(), indent=2) + "\n")
+    try:
+        # one run per output folder: two runs on one results file would send every request twice
+        with output_lock(out.parent, "namc curate describe"), ResultStore(out) as store:
+            if args.retry_failed:
+                logger.info("retrying %d failed pairs", store.forget_failed())
+            todo = max(0, sum(count_lines(p, args.limit) for p in pairs) - len(store.done))
+            jobs = describe_jobs(pairs, out.parent, store, summary, captions, args.max_side, args.limit)
+            run_jobs(jobs, store, config, summary, total=todo, progress=not args.quiet, desc="describe", seed=args.seed)
+            summary.check()
+            atomic_write_text(summary_path(out), json.dumps(summary.to_dict(), indent=2) + "\n")
+    except LockedError as err:
+        print(f"namc curate describe: error: {err}", file=sys.stderr)
+        return 2
     print(summary.format())
     print(f"results: {out}  (next: namc curate filter --results {out})")
     return 0

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from namc.data.jsonl import json_line
+from namc.jsonl import json_line, loads
 from namc.models.files import atomic_write_text, read_json
 
 __all__ = [
@@ -154,7 +154,10 @@ def tally(directory: str | Path, shards: Sequence[int]) -> tuple[int, dict[str, 
     for i in shards:
         rows += len(_lines(shard_path(directory, i, ".keys.txt")))
         for line in _lines(shard_path(directory, i, ".skipped.jsonl")):
-            reason = json.loads(line)["reason"]
+            try:
+                reason = str(loads(line)["reason"])
+            except (ValueError, KeyError, TypeError):  # a damaged line still stands for one skipped image
+                reason = "unreadable_record"
             reasons[reason] = reasons.get(reason, 0) + 1
     return rows, reasons
 
@@ -162,7 +165,7 @@ def tally(directory: str | Path, shards: Sequence[int]) -> tuple[int, dict[str, 
 def _lines(path: Path) -> list[str]:
     """The lines of a file written one item per ``\n``-ended line. Not ``str.splitlines``, which also breaks at
     U+2028, U+0085, form feeds and other characters that an image's file name (a key) may hold."""
-    return [line for line in path.read_text(encoding="utf-8").split("\n") if line]
+    return [line for line in path.read_text(encoding="utf-8-sig").split("\n") if line]
 
 
 def _ranges(numbers: list[int]) -> str:

@@ -8,7 +8,9 @@ containing only negations and auxiliary verbs" are filtered out (about 0.2% of 7
   (:mod:`namc.data.corpus.records`: ``id, source, image1, image2, description, verb1, desc1, verb2, desc2``);
 - ``rejects.jsonl``: ``{"id", "source", "reason", "detail", "text"?}``, where ``reason`` is a
   :class:`~namc.text.template.RejectReason` (``off_template``, ``empty``, ``unknown_verb``, ``empty_half``,
-  ``negation_only``) or ``request_failed`` (the server never answered; ``detail`` holds the last error).
+  ``negation_only``, ``nested_template``: a half holding the template's own frame, ``too_long``: over
+  :data:`~namc.text.template.MAX_DESCRIPTION_CHARS`) or ``request_failed`` (no usable answer: the server never
+  answered, or its answer passed the client's caps, ``too_long``; ``detail`` holds the last error).
 
 Table 14's statistics (total, unique, repetition, repetition ratio per source and overall, plus the rejections by
 reason) are printed and saved (``table14.json``); request failures are reported beside them, not mixed into the
@@ -36,8 +38,9 @@ from typing import Any
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.llm.store import atomic_write_text, last_results, read_at
 from namc.data.corpus.records import RecordError, parse_record
-from namc.data.jsonl import json_line
 from namc.data.refs import rebase_ref
+from namc.jsonl import json_line
+from namc.locks import LockedError, output_lock
 from namc.text.template import TemplateStats
 
 __all__ = ["FilterReport", "filter_results", "main"]
@@ -179,9 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"namc curate filter: results file not found: {results}", file=sys.stderr)
         return 2
     out = args.out or results.parent / "manifest.jsonl"
-    report = filter_results(results, out, args.rejects or out.parent / "rejects.jsonl")
     stats = args.stats or out.parent / "table14.json"
-    atomic_write_text(stats, json.dumps(report.to_dict(), indent=2) + "\n")
+    try:
+        with output_lock(out.parent, "namc curate filter"):  # a describe run still appending is refused too
+            report = filter_results(results, out, args.rejects or out.parent / "rejects.jsonl")
+            atomic_write_text(stats, json.dumps(report.to_dict(), indent=2) + "\n")
+    except LockedError as err:
+        print(f"namc curate filter: error: {err}", file=sys.stderr)
+        return 2
     print(report.format())
     print(f"statistics: {stats}  (next: namc data pack {out} SHARDS_DIR)")
     return 0

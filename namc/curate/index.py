@@ -29,8 +29,9 @@ from typing import Any
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.sources import ImageItem, PairItem, SourceSpec, check_image, iter_source
 from namc.data.issues import DataIssues, IssueKind, RecordError
-from namc.data.jsonl import json_line
 from namc.data.transforms import MAX_IMAGE_PIXELS, pixel_cap_arg
+from namc.jsonl import json_line
+from namc.locks import LockedError, output_lock
 
 __all__ = ["IMAGES_FILE", "SOURCE_PAIRS_FILE", "IndexReport", "build_index", "main", "pair_line"]
 
@@ -123,9 +124,10 @@ def build_index(
         verify: ``"full"`` decodes every image (bad ones skipped and counted), ``"none"`` only lists them.
         max_image_pixels: an image over this many pixels is skipped as ``oversized_image`` (None: no cap).
         progress: tqdm bars per source.
-    """
-    from tqdm import tqdm
 
+    Raises:
+        LockedError: another run holds ``workdir`` (:func:`namc.locks.output_lock`).
+    """
     if verify not in ("full", "none"):
         raise ValueError(f"verify must be 'full' or 'none', got {verify!r}")
     specs = [s if isinstance(s, SourceSpec) else SourceSpec.parse(s) for s in sources]
@@ -135,7 +137,18 @@ def build_index(
     if len(set(names)) != len(names):
         raise ValueError(f"source names must be unique (they prefix the keys): {names}")
     out = Path(workdir)
-    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, "namc curate index"):  # two runs into one folder would each replace the other's index
+        report = _write_index(specs, out, verify, max_image_pixels, progress)
+    logger.info(report.summary())
+    return report
+
+
+def _write_index(
+    specs: list[SourceSpec], out: Path, verify: str, max_image_pixels: int | None, progress: bool
+) -> IndexReport:
+    """The work of :func:`build_index` on its (locked) folder."""
+    from tqdm import tqdm
+
     report = IndexReport()
     start = time.perf_counter()
     seen: set[str] = set()
@@ -174,7 +187,6 @@ def build_index(
         os.replace(partial[name], paths[name])
     report.seconds = time.perf_counter() - start
     (out / SUMMARY_FILE).write_text(json.dumps(report.to_json(), indent=1, ensure_ascii=False), encoding="utf-8")
-    logger.info(report.summary())
     return report
 
 
@@ -204,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_with_config(build_parser(), argv, "index")
         report = build_index(args.sources, args.workdir, args.verify, args.max_image_pixels, not args.no_progress)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, LockedError) as err:
         print(f"namc curate index: {err}", file=sys.stderr)
         return 1
     print(report.summary())

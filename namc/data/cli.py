@@ -16,12 +16,14 @@ import argparse
 import importlib
 import importlib.util
 import json
+import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from namc.data.transforms import MAX_IMAGE_PIXELS, pixel_cap_arg
+from namc.locks import LockedError, output_lock
 
 __all__ = ["build_parser", "main"]
 
@@ -88,10 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(importlib.import_module("namc.lit.precompute").main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["namc", "data", *argv])
     try:
         return _run(args)
-    except (OSError, ValueError) as err:  # a missing or unreadable input, an impossible setting: one line
-        print(f"namc data {args.command}: {err}", file=sys.stderr)
+    except (OSError, ValueError, LockedError) as err:  # a missing or unreadable input, an impossible setting, a
+        # folder another run writes: one line
+        print(f"namc data {args.command}: error: {err}", file=sys.stderr)
         return 2
 
 
@@ -134,12 +138,13 @@ def _run(args: argparse.Namespace) -> int:
                 f"word noise {meta['word_noise_fraction']:.3f} ({t2 - t1:.1f} s)"
             )
             if args.shards:
-                report = pack_corpus(
-                    args.out / "corpus" / "manifest.jsonl",
-                    args.out / "corpus" / "shards",
-                    args.shard_size,
-                    progress=not args.quiet,
-                )
+                with output_lock(args.out / "corpus" / "shards", args.command_line):
+                    report = pack_corpus(
+                        args.out / "corpus" / "manifest.jsonl",
+                        args.out / "corpus" / "shards",
+                        args.shard_size,
+                        progress=not args.quiet,
+                    )
                 print(report.summary())
         return 0
     if args.command == "minimal-pairs":
@@ -159,14 +164,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "pack":
         from namc.data.corpus import pack_corpus
 
-        report = pack_corpus(
-            args.manifest,
-            args.out,
-            args.shard_size,
-            verify_images=not args.no_verify_images,
-            progress=not args.quiet,
-            max_image_pixels=args.max_image_pixels,
-        )
+        with output_lock(args.out, args.command_line):  # two packs into one folder interleave their shards
+            report = pack_corpus(
+                args.manifest,
+                args.out,
+                args.shard_size,
+                verify_images=not args.no_verify_images,
+                progress=not args.quiet,
+                max_image_pixels=args.max_image_pixels,
+            )
         print(report.summary())
         return 0
     raise AssertionError(args.command)  # argparse enforces the choices

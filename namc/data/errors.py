@@ -26,7 +26,7 @@ class IssueKind(StrEnum):
     CORRUPT_SHARD = "corrupt_shard"  # samples lost to an unreadable or truncated tar shard
     INCOMPLETE_SAMPLE = "incomplete_sample"  # a shard sample without its json or one of its two images
     EMPTY_CAPTIONS = "empty_captions"  # a benchmark item whose captions are all empty
-    DUPLICATE_ID = "duplicate_id"  # a corpus record whose id an earlier manifest line already took
+    DUPLICATE_ID = "duplicate_id"  # an id / sample an earlier manifest line or shard sample already took
 
 
 class RecordError(ValueError):

@@ -4,8 +4,8 @@ FILE``.
 The list has one pair per line, the first ('before') image then the second, separated by a tab (paths may then hold
 spaces) or by whitespace. Paths are relative to the list file's folder (or absolute); blank lines and comments are
 skipped: a comment runs from a ``#`` at the start of a line or after whitespace to the end of the line, as in YAML,
-so a ``#`` inside a name (``shot#1.png``) is part of the name. A line that is not UTF-8 or does not hold two paths
-is an error naming the file and the line.
+so a ``#`` inside a name (``shot#1.png``) is part of the name. A UTF-8 byte-order mark at the start of the file is
+dropped. A line that is not UTF-8 or does not hold two paths is an error naming the file and the line.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def read_pair_list(path: str | Path) -> list[ListedPair]:
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM from Windows editors is no path
             except UnicodeDecodeError:
                 raise ValueError(f"{path}:{number}: not UTF-8 text") from None
             text = _COMMENT.split(line, maxsplit=1)[0].strip()

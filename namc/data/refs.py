@@ -17,6 +17,9 @@ Reading many members of one tar or many rows of one parquet file is the common c
 manifest in order), so each process keeps a few open tar files with their member tables and the last row group read
 per parquet file and column. pyarrow is imported only when a parquet reference is read (it is a ``[curate]`` extra).
 
+A tar member is read only when its header's size is within :data:`namc.data.tars.MAX_MEMBER_BYTES` and the file
+holds all of it, and a member name that appears twice in one tar is refused rather than resolved to either copy.
+
 Errors name the reference in one line: :class:`FileNotFoundError` for a missing file, member or row (so a reader
 counts it as ``missing_image``), :class:`RefError` (an ``OSError``) for a tar or parquet file that cannot be read,
 a column that is not there or a cell that holds no bytes.
@@ -31,6 +34,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from namc.data.tars import MAX_MEMBER_BYTES
 
 __all__ = ["ImageRef", "RefError", "parquet_ref", "parse_ref", "read_ref", "rebase_ref", "ref_ext", "tar_ref"]
 
@@ -87,7 +92,9 @@ def _resolve(file: str, base: str | Path | None) -> Path:
 # ---- tar members ---------------------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_tars: OrderedDict[tuple[str, int, int], tuple[tarfile.TarFile, dict[str, tarfile.TarInfo]]] = OrderedDict()
+# per open tar: its regular members by name (None: a name that appears twice, which no reference may pick)
+_Members = dict[str, tarfile.TarInfo | None]
+_tars: OrderedDict[tuple[str, int, int], tuple[tarfile.TarFile, _Members]] = OrderedDict()
 
 
 def _file_id(path: Path) -> tuple[str, int, int]:
@@ -95,7 +102,7 @@ def _file_id(path: Path) -> tuple[str, int, int]:
     return str(path.resolve()), st.st_mtime_ns, st.st_size
 
 
-def _open_tar(path: Path, ref: str) -> tuple[tarfile.TarFile, dict[str, tarfile.TarInfo]]:
+def _open_tar(path: Path, ref: str) -> tuple[tarfile.TarFile, _Members]:
     key = _file_id(path)
     entry = _tars.get(key)
     if entry is not None:
@@ -103,7 +110,10 @@ def _open_tar(path: Path, ref: str) -> tuple[tarfile.TarFile, dict[str, tarfile.
         return entry
     try:
         tar = tarfile.open(path, "r:")  # noqa: SIM115  (kept open in the cache, closed on eviction)
-        members = {m.name: m for m in tar.getmembers() if m.isfile()}
+        members: _Members = {}
+        for m in tar.getmembers():
+            if m.isfile():
+                members[m.name] = None if m.name in members else m
     except (tarfile.TarError, OSError, EOFError) as err:
         # a truncated shard: keep what could be listed before the damage
         raise RefError(f"{ref}: cannot read tar file {path}: {type(err).__name__}: {err}") from None
@@ -117,12 +127,18 @@ def _open_tar(path: Path, ref: str) -> tuple[tarfile.TarFile, dict[str, tarfile.
 def _read_tar(path: Path, member: str, ref: str) -> bytes:
     with _lock:  # one TarFile object is not safe to read from two threads at once
         tar, members = _open_tar(path, ref)
-        info = members.get(member)
-        if info is None:
+        if member not in members:
             raise FileNotFoundError(f"{ref}: no member {member!r} in {path}")
+        info = members[member]
+        if info is None:
+            raise RefError(f"{ref}: member {member!r} appears twice in {path}: which copy is the image is unknown")
+        if info.size > MAX_MEMBER_BYTES:  # a header's size is not trusted: refuse before allocating it
+            raise RefError(f"{ref}: member {member!r} declares {info.size:,} bytes, over {MAX_MEMBER_BYTES:,}")
+        if info.offset_data + info.size > _file_id(path)[2]:
+            raise RefError(f"{ref}: member {member!r} is truncated (its data runs past the end of {path})")
         try:
             f = tar.extractfile(info)
-            data = f.read() if f is not None else None
+            data = f.read(info.size) if f is not None else None
         except (tarfile.TarError, OSError, EOFError) as err:
             raise RefError(f"{ref}: cannot read member {member!r}: {type(err).__name__}: {err}") from None
     if data is None or len(data) != info.size:

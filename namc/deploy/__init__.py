@@ -25,8 +25,8 @@ from typing import Any
 
 __all__ = ["BACKENDS", "DEFAULT_OPSET", "RUNTIME_MODULES", "export_onnx", "load_captioner"]
 
-# the backends `namc describe --backend` takes: torch runs the model itself, the others an exported folder
-BACKENDS = ("torch", "onnxruntime", "openvino")
+# the runtimes that run an exported folder (namc.backends.BACKENDS has the others, which run the model itself)
+BACKENDS = ("onnxruntime", "openvino")
 # backend -> the module it imports (each comes with the [deploy] extra)
 RUNTIME_MODULES = {"onnxruntime": "onnxruntime", "openvino": "openvino"}
 DEFAULT_OPSET = 17  # the first with LayerNormalization as one operator; ONNX Runtime and OpenVINO both run it

@@ -13,7 +13,7 @@ batch once they are a quarter of it. fp32 greedy ids equal PyTorch's (tests/test
 Both runtimes run on the CPU in fp32: OpenVINO is told so (``INFERENCE_PRECISION_HINT``), since on a CPU with bf16
 it would otherwise compute in bf16. ``threads`` sets each runtime's intra-op threads (None: the runtime's default);
 where ``OMP_WAIT_POLICY=passive`` is set, ONNX Runtime's idle threads sleep too instead of spinning, as PyTorch's
-OpenMP threads do (:mod:`namc.models.threads`).
+OpenMP threads do (:mod:`namc.backends.threads`).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class RuntimeMissingError(ModuleNotFoundError):
 def check_backend(backend: str) -> None:
     """ValueError for a backend that runs no exported folder: ``torch`` (it runs the model itself) or an unknown
     name."""
-    if backend == "torch":
-        raise ValueError("the torch backend runs a saved model itself: load it with namc.load_model")
+    if backend in ("torch", "cpu", "cuda"):
+        raise ValueError(f"the {backend} backend runs a saved model itself: namc.compile(namc.load_model(...))")
     if backend not in RUNTIME_MODULES:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
@@ -173,6 +173,7 @@ class OnnxCaptioner:
         tokenizer: the model's tokenizer.
         training_shortlist: a fine-tuned model's shortlist (``vocabulary=`` it to decode over it), or None.
         device: the CPU, where both runtimes run.
+        precision: ``fp32``.
     """
 
     def __init__(
@@ -188,6 +189,7 @@ class OnnxCaptioner:
         self.tokenizer = tokenizer
         self.training_shortlist = training_shortlist
         self.device = torch.device("cpu")
+        self.precision = "fp32"
         d = manifest.decoder
         self.pad_id, self.bos_id, self.eos_id = d["pad_id"], d["bos_id"], d["eos_id"]
         self._cross = manifest.names("cross_kv", "outputs")
@@ -212,12 +214,11 @@ class OnnxCaptioner:
         images_2: torch.Tensor | np.ndarray,
         max_new_tokens: int | None = None,
         num_beams: int = 1,
-        precision: str = "fp32",
         vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> list[str]:
         """Describe what changed from each first image to its second (:meth:`NAMC.generate
         <namc.models.NAMC.generate>`; greedy and fp32 only)."""
-        ids = self.generate_ids(images_1, images_2, max_new_tokens, num_beams, precision, vocabulary)
+        ids = self.generate_ids(images_1, images_2, max_new_tokens, num_beams, vocabulary)
         return [self.tokenizer.decode(row.tolist()) for row in ids]
 
     def generate_ids(
@@ -226,22 +227,19 @@ class OnnxCaptioner:
         images_2: torch.Tensor | np.ndarray,
         max_new_tokens: int | None = None,
         num_beams: int = 1,
-        precision: str = "fp32",
         vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> torch.Tensor:
         """Caption ids (B, T) of image pairs: (B, 3, S, S) floats in [0, 1], greedy, at most ``max_new_tokens``
         (default: the model's), over ``vocabulary``'s tokens only where given.
 
         Raises:
-            ValueError: beam search or a precision other than fp32 (not available on this backend yet), inputs
+            ValueError: beam search (not available on this backend yet), inputs
                 :meth:`NAMC.generate_ids <namc.models.NAMC.generate_ids>` refuses, or too many new tokens.
         """
         if num_beams != 1:
             raise ValueError(
                 f"the {self.backend} backend decodes greedily (num_beams=1); beam search runs on the torch backend"
             )
-        if precision != "fp32":
-            raise ValueError(f"precision {precision!r} is not available yet on the {self.backend} backend: fp32 only")
         batches = tuple(torch.as_tensor(x) if isinstance(x, np.ndarray) else x for x in (images_1, images_2))
         rows = check_inputs(self.config.image_size, (*batches, None, None), max_new_tokens, num_beams)
         n = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -254,10 +252,15 @@ class OnnxCaptioner:
         return self.decode(memory, n, vocabulary)
 
     def decode(
-        self, memory: np.ndarray, max_new_tokens: int, vocabulary: Shortlist | Iterable[int] | None = None
+        self,
+        memory: np.ndarray | torch.Tensor,
+        max_new_tokens: int,
+        vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> torch.Tensor:
         """Greedy caption ids (B, T), T <= ``max_new_tokens``, of (B, N, D) E_MIR, as :meth:`FDG.generate
         <namc.models.fdg.FDG.generate>` decodes it: the cross-attention keys/values once, then one step per token."""
+        if isinstance(memory, torch.Tensor):
+            memory = memory.detach().to("cpu", torch.float32).numpy()
         cross = self.graphs["cross_kv"].run({"memory": np.ascontiguousarray(memory, dtype=np.float32)})
         return torch.from_numpy(self._greedy(cross, memory.shape[0], max_new_tokens, self._shortlist(vocabulary)))
 

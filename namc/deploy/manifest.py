@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from namc.models.files import ConfigError, WeightsError, check_files, read_json
+from namc.paths import PathEscapeError, contained
 
 __all__ = [
     "FORMAT",
@@ -126,7 +127,8 @@ def read_manifest(directory: str | Path, verify: bool = True) -> Manifest:
 
     Raises:
         FileNotFoundError: the folder or its manifest is missing.
-        ConfigError: the manifest is unreadable, of another format, or lacks a key (the message names it).
+        ConfigError: the manifest is unreadable, of another format, lacks a key, or names a graph file outside the
+            folder (the message names it).
         WeightsError: a listed file is missing or does not match its digest (the message names it).
     """
     directory = Path(directory)
@@ -149,6 +151,10 @@ def read_manifest(directory: str | Path, verify: bool = True) -> Manifest:
             raise ConfigError(f"{path}: 'graphs' has no entry for {graph!r}")
         if data["graphs"][graph]["file"] not in data["files"]:
             raise ConfigError(f"{path}: the file of graph {graph!r} is not among the recorded 'files'")
+        try:  # the graph is loaded from this name, verified or not: it may not leave the folder
+            contained(directory, data["graphs"][graph]["file"], f"{path}: graphs.{graph}.file")
+        except PathEscapeError as err:
+            raise ConfigError(str(err)) from None
     if verify:
         check_files(directory, data["files"], path)
     return Manifest(directory, data)

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from namc.data.collate import encode_caption, pad_sequences
 from namc.data.transforms import ImageTransform
+from namc.jsonl import JSONError, loads
 from namc.models.namc import NAMC
 from namc.objectives.caption import sequence_logprob
 
@@ -87,9 +88,9 @@ def read_choices(path: str | Path) -> list[ChoiceItem]:
             if not line:
                 continue
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: invalid JSON: {err.msg}") from None
+                rec = loads(line)
+            except JSONError as err:
+                raise ValueError(f"{where}: invalid JSON: {err}") from None
             if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("image1", "image2")):
                 raise ValueError(f"{where}: expected an object with string 'image1' and 'image2'")
             _check_item(where, rec.get("candidates"), rec.get("answer"))
@@ -117,8 +118,8 @@ def read_med(path: str | Path, image_root: str | Path | None = None) -> list[Cho
             "github.com/beccabai/hallu_med)"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = loads(path.read_bytes().decode("utf-8-sig"), max_chars=None)
+    except (UnicodeDecodeError, JSONError) as err:
         raise ValueError(f"{path}: not a UTF-8 JSON file: {err}") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of questions")

@@ -7,7 +7,8 @@
 
 ``run`` writes ``DIR/results.jsonl``, ``DIR/report.md``, PNG plots and ``DIR/study.yaml`` (a copy of the study, which
 ``report`` reads to know the variants, the reference and the metrics). Default ``DIR``: ``runs/experiments/<name>``
-(``<name>-fast`` with ``--fast``).
+(``<name>-fast`` with ``--fast``). ``run`` holds ``DIR/.namc.lock`` (:func:`namc.locks.output_lock`) while it runs;
+a second ``run`` into the same folder stops with one line naming the holder.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from namc.experiment.report import write_report
 from namc.experiment.results import read_results
 from namc.experiment.runner import run_study
 from namc.experiment.study import Study, StudyError, load_study
+from namc.locks import LockedError, output_lock
 
 __all__ = ["main", "report_dir"]
 
@@ -87,15 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         study = load_study(args.study, fast=args.fast)
         run_only = _select(load_study(args.study, fast=args.fast), args.seeds, args.variants)
         out = Path(args.out or f"runs/experiments/{study.name}{'-fast' if args.fast else ''}")
-        out.mkdir(parents=True, exist_ok=True)
-        if Path(args.study).resolve() != (out / "study.yaml").resolve():
-            shutil.copyfile(args.study, out / "study.yaml")
-        (out / ".fast").unlink(missing_ok=True)
-        if args.fast:
-            (out / ".fast").touch()
-        _, failures = run_study(run_only, out, jobs=args.jobs, progress=not args.quiet)
-        path = report_dir(out, args.fast, plots=not args.no_plots)
-    except StudyError as err:
+        with output_lock(out, "namc experiment run"):  # two runs into one folder would interleave their results
+            if Path(args.study).resolve() != (out / "study.yaml").resolve():
+                shutil.copyfile(args.study, out / "study.yaml")
+            (out / ".fast").unlink(missing_ok=True)
+            if args.fast:
+                (out / ".fast").touch()
+            _, failures = run_study(run_only, out, jobs=args.jobs, progress=not args.quiet)
+            path = report_dir(out, args.fast, plots=not args.no_plots)
+    except (StudyError, LockedError, ValueError, OSError) as err:  # each names its file (or the lock's holder)
         print(f"namc experiment: error: {err}", file=sys.stderr)
         return 2
     print(path.read_text(encoding="utf-8"))

@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from namc.jsonl import JSONError, loads
 from namc.models.files import atomic_write_text
 
 __all__ = ["RESULTS", "read_results", "write_results"]
@@ -40,9 +41,9 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}:{number}: not a JSON line: {err}") from err
+            row = loads(line.decode("utf-8-sig" if number == 1 else "utf-8"))
+        except (UnicodeDecodeError, JSONError) as err:
+            raise ValueError(f"{path}:{number}: not a JSON line: {err}") from None
         missing = [k for k in _REQUIRED if not isinstance(row, dict) or k not in row]
         if missing:
             raise ValueError(f"{path}:{number}: row lacks {missing}")

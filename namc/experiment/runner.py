@@ -39,7 +39,8 @@ from typing import Any
 
 from namc.experiment.results import read_results, write_results
 from namc.experiment.study import Study, Variant, apply_overrides, config_hash
-from namc.models.files import atomic_write_text
+from namc.jsonl import loads
+from namc.models.files import atomic_write_text, read_json
 
 __all__ = ["RunError", "prepare_data", "run_study"]
 
@@ -78,7 +79,7 @@ def prepare_data(study: Study, out: Path, progress: bool = True) -> dict[str, di
     }
     data = (out / "data").resolve()
     marker = data / "shapes.json"
-    if not (marker.exists() and json.loads(marker.read_text()) == s):
+    if not _same_json(marker, s):
         logger.info("generating the shapes world in %s", data)
         generate_corpus(
             data / "corpus", s["corpus_pairs"], s["image_size"], s["seed"], s["noise_rate"], progress=progress
@@ -110,6 +111,14 @@ def prepare_data(study: Study, out: Path, progress: bool = True) -> dict[str, di
         },
         "finetune": {"data.init_args.name": "clevr_change", "data.init_args.root": bench},
     }
+
+
+def _same_json(path: Path, expected: Any) -> bool:
+    """Whether ``path`` holds ``expected`` as JSON (missing or unreadable: no, so the data is generated again)."""
+    try:
+        return path.is_file() and read_json(path, error=ValueError) == expected
+    except (OSError, ValueError):
+        return False
 
 
 def _with_outputs(cfg: dict[str, Any], root: Path, version: str, seed: int) -> dict[str, Any]:
@@ -211,7 +220,9 @@ class _Runner:
 
     def _key(self, cfg: dict[str, Any] | None) -> Any:
         """The config as hashed: the output folder spelled ``$OUT`` (a moved study keeps its hashes)."""
-        return None if cfg is None else json.loads(json.dumps(cfg, default=str).replace(str(self.out), "$OUT"))
+        return (
+            None if cfg is None else loads(json.dumps(cfg, default=str).replace(str(self.out), "$OUT"), max_chars=None)
+        )
 
     def plan(self, variant: Variant, seed: int) -> dict[str, Any]:
         pre = self._stage_cfg(variant, "pretrain", seed)
@@ -225,7 +236,7 @@ class _Runner:
         done = root / "done.json"
         with self._lock(key):
             if done.exists():  # its model where the study folder is now (the folder may have moved since)
-                return {**json.loads(done.read_text()), "model": str(root / "model"), "reused": True}
+                return {**_read_object(done), "model": str(root / "model"), "reused": True}
             path = _dump(root / "config.yaml", _with_outputs(cfg, root, "fit", seed))
             wall = _namc(["fit", "--config", str(path)], root / "log.txt", self.cwd)
             logged = _last_csv_values(root / "logs" / "fit" / "metrics.csv")
@@ -270,12 +281,22 @@ class _Runner:
         }
 
 
+def _read_object(path: Path) -> dict[str, Any]:
+    """A JSON object written by a run (through the bounded reader); anything else is a :class:`RunError` naming it."""
+    data = read_json(path, error=RunError)
+    if not isinstance(data, dict):
+        raise RunError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def _test_scores(path: Path) -> dict[str, float]:
     """``test/<metric>`` (x100, as logged) and ``test/CIDEr-D_<type>`` from the test captions file."""
     if not path.exists():
         raise RunError(f"the test run wrote no scores ({path} is missing)")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    scores = data["scores"]
+    data = _read_object(path)
+    scores = data.get("scores")
+    if not isinstance(scores, dict):
+        raise RunError(f"{path}: no 'scores' object")
     out = {f"test/{k}": float(v) for k, v in scores.get("overall", {}).items() if isinstance(v, (int, float))}
     for ctype, per in (scores.get("per_type") or {}).items():
         if isinstance(per.get("CIDEr-D"), (int, float)):

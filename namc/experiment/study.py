@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Study", "StudyError", "Variant", "config_hash", "load_study", "set_dotted"]
+__all__ = ["Study", "StudyError", "Variant", "check_model_section", "config_hash", "load_study", "set_dotted"]
 
 _TOP_KEYS = {
     "name",
@@ -52,6 +52,7 @@ _TOP_KEYS = {
 }
 _VARIANT_KEYS = {"pretrain", "finetune", "tags", "description"}
 STAGES = ("pretrain", "finetune")
+_MAX_YAML_BYTES = 4 * 1024 * 1024  # a study or recipe is a few kB
 
 
 class StudyError(ValueError):
@@ -143,14 +144,21 @@ def _mapping(value: Any, where: str, path: Path) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """A YAML mapping; a missing, oversized, unreadable or too deeply nested file is a :class:`StudyError`."""
     import yaml
 
     if not path.is_file():
         raise StudyError(f"{what} {path} does not exist")
+    size = path.stat().st_size
+    if size > _MAX_YAML_BYTES:
+        raise StudyError(f"{path}: {size:,} bytes, over the limit of {_MAX_YAML_BYTES:,} for a {what}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise StudyError(f"{path}: not a readable YAML file: nested too deeply") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise StudyError(f"{path}: not a readable YAML file: {err}") from err
+        first = " ".join(str(err).split())
+        raise StudyError(f"{path}: not a readable YAML file: {first}") from None
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a mapping at the top level")
     return data
@@ -166,6 +174,32 @@ def _recipe_path(value: str, study: Path) -> Path:
             return base / p
     # configs/experiments/x.yaml -> the repository root is two levels up
     return study.parent.parent.parent / p
+
+
+def _variants(raw: dict[str, Any], recipe: dict[str, dict[str, Any]], path: Path) -> list[Variant]:
+    """The study's variants, each checked (known keys, mappings, a pretrain recipe where one pre-trains)."""
+    variants_raw = _mapping(raw.get("variants"), "variants", path)
+    if not variants_raw:
+        raise StudyError(f"{path}: no variants")
+    variants = []
+    for name, spec in variants_raw.items():
+        spec = _mapping(spec, f"variants.{name}", path)
+        bad = sorted(set(spec) - _VARIANT_KEYS)
+        if bad:
+            raise StudyError(f"{path}: variants.{name}: unknown key(s) {bad}; allowed: {sorted(_VARIANT_KEYS)}")
+        pre = spec.get("pretrain", {})
+        if pre is not None and "pretrain" not in recipe:
+            raise StudyError(f"{path}: variants.{name} pre-trains but the recipe has no pretrain config")
+        variants.append(
+            Variant(
+                str(name),
+                None if pre is None else dict(_mapping(pre, f"variants.{name}.pretrain", path)),
+                dict(_mapping(spec.get("finetune"), f"variants.{name}.finetune", path)),
+                dict(_mapping(spec.get("tags"), f"variants.{name}.tags", path)),
+                str(spec.get("description", "")),
+            )
+        )
+    return variants
 
 
 def load_study(path: str | Path, fast: bool = False, recipes: bool = True) -> Study:
@@ -200,27 +234,7 @@ def load_study(path: str | Path, fast: bool = False, recipes: bool = True) -> St
         if shapes is not None:
             shapes = {**shapes, **_mapping(fast_raw.get("shapes"), "fast.shapes", path)}
         scale = {s: {**scale.get(s, {}), **fast_raw.get("scale", {}).get(s, {})} for s in STAGES}
-    variants_raw = _mapping(raw.get("variants"), "variants", path)
-    if not variants_raw:
-        raise StudyError(f"{path}: no variants")
-    variants = []
-    for name, spec in variants_raw.items():
-        spec = _mapping(spec, f"variants.{name}", path)
-        bad = sorted(set(spec) - _VARIANT_KEYS)
-        if bad:
-            raise StudyError(f"{path}: variants.{name}: unknown key(s) {bad}; allowed: {sorted(_VARIANT_KEYS)}")
-        pre = spec.get("pretrain", {})
-        if pre is not None and "pretrain" not in recipe:
-            raise StudyError(f"{path}: variants.{name} pre-trains but the recipe has no pretrain config")
-        variants.append(
-            Variant(
-                str(name),
-                None if pre is None else dict(pre),
-                dict(spec.get("finetune") or {}),
-                dict(spec.get("tags") or {}),
-                str(spec.get("description", "")),
-            )
-        )
+    variants = _variants(raw, recipe, path)
     reference = str(raw.get("reference", variants[0].name))
     if reference not in {v.name for v in variants}:
         raise StudyError(f"{path}: reference {reference!r} is not a variant")
@@ -231,7 +245,7 @@ def load_study(path: str | Path, fast: bool = False, recipes: bool = True) -> St
     plot = raw.get("plot")
     if plot is not None and not (isinstance(plot, dict) and "x" in plot):
         raise StudyError(f"{path}: plot must be a mapping with an 'x' tag (and optionally 'series')")
-    return Study(
+    study = Study(
         path=path,
         name=str(raw.get("name", path.stem)),
         title=str(raw.get("title", raw.get("name", path.stem))),
@@ -246,3 +260,54 @@ def load_study(path: str | Path, fast: bool = False, recipes: bool = True) -> St
         plot=plot,
         description=str(raw.get("description", "")),
     )
+    if recipes:
+        _check_models(study)
+    return study
+
+
+def _check_models(study: Study) -> None:
+    """Check the model of every stage of every variant before any run starts."""
+    for variant in study.variants:
+        # fine-tuning after pre-training loads the pre-trained model, whose config pre-training checks
+        for stage in STAGES if variant.pretrain is None else ("pretrain",):
+            where = f"{study.path}: variants.{variant.name}.{stage}"
+            check_model_section(study.stage_config(variant, stage), where)
+
+
+# init arguments of the modules whose model a recipe describes; FinetuneModule's own max_new_tokens / grid_trainable
+# are settings of the module, not of the model it builds
+_MODULES = {"PretrainModule": True, "FinetuneModule": False}
+
+
+def check_model_section(cfg: dict[str, Any] | None, where: str) -> None:
+    """Check the model a stage's LightningCLI config would build (:meth:`NAMCConfig.validate`), before any run.
+
+    ``model.init_args`` of a ``PretrainModule`` or ``FinetuneModule``: the preset ``model``, its ``overrides`` and
+    (pre-training) the switches that are :class:`NAMCConfig` fields. A stage that starts from a ``pretrained``
+    model, or another module class, is not checked here (loading the model checks its config).
+
+    Raises:
+        StudyError: one line naming ``where`` and the key.
+    """
+    model = (cfg or {}).get("model")
+    if not isinstance(model, dict):
+        return
+    module = str(model.get("class_path", "")).rsplit(".", 1)[-1]
+    init = model.get("init_args") or {}
+    if module not in _MODULES or not isinstance(init, dict) or init.get("pretrained"):
+        return
+    from namc.models import model_config
+    from namc.models.config import NAMCConfig
+
+    fields = set(NAMCConfig.__dataclass_fields__)
+    switches = {k: v for k, v in init.items() if k in fields} if _MODULES[module] else {"pretraining": False}
+    if switches.get("masking") == "none":  # PretrainModule builds "no masking" as random masking at p = 0
+        switches.update(masking="random", p_img=0.0, p_txt=0.0)
+    overrides = init.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise StudyError(f"{where}: model.init_args.overrides must be a mapping, got {type(overrides).__name__}")
+    try:
+        config = model_config(str(init.get("model", "namc_tiny")), **{**switches, **overrides})
+        config.validate(f"{where} model")
+    except (TypeError, ValueError) as err:  # model_config's unknown preset / keys, validate's ConfigError
+        raise StudyError(f"{where}: {err}" if not str(err).startswith(where) else str(err)) from None

@@ -16,8 +16,8 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from namc.backends.precision import int8_calibration, set_int8_calibration
 from namc.models import load_model
-from namc.models.precision import int8_calibration, set_int8_calibration
 from namc.ops.distributed import gather_objects
 
 __all__ = ["AtomicCheckpointIO", "CaptionWriter", "ExportModel"]

@@ -14,6 +14,9 @@ Checkpoints are loaded safely: ``--ckpt_path`` is read with ``weights_only=True`
 environment variable nor Lightning's defaults can turn unpickling on). ``--weights_only false`` and an
 ``http(s)://`` ``--ckpt_path`` (Lightning downloads it and unpickles it with code execution enabled unless told
 otherwise) are refused before anything is built, unless ``--allow_unsafe_checkpoint true`` says the file is trusted.
+
+Run as a program, a command runs as a job under :mod:`namc.lit.supervisor`: when it ends, by success or by a failing
+DDP rank, every process it started (ranks, DataLoader workers, the fork server, the resource tracker) has ended too.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from namc.backends.qlinear import int8_kernels
 from namc.lit.datamodules import NAMCDataModule
 from namc.lit.modules import NAMCModule
+from namc.lit.supervisor import fork_job, should_supervise
 from namc.models import model_config
 from namc.models.io import WeightsError, read_checkpoint, read_config
-from namc.models.qlinear import int8_kernels
 
 __all__ = [
     "NAMCCLI",
@@ -247,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``namc fit | validate | test | predict ...``: run the LightningCLI (``namc.cli`` dispatches here)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if should_supervise():  # the job runs in a session of its own, which ends with it (namc.lit.supervisor)
+        code = fork_job(argv)
+        if code is not None:  # the supervisor, after the job and what it started have ended
+            return code
     command = argv[0] if argv else "fit"
     try:  # a wrong NAMC_INT8_KERNELS is one line now, not a traceback at the first int8 evaluation of a long run
         int8_kernels()

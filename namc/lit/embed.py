@@ -28,7 +28,6 @@ names (``--trainer.devices``, also ``trainer.devices:`` in the YAML).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import re
@@ -51,6 +50,7 @@ from namc.data.corpus.records import IMAGE_ERRORS
 from namc.data.issues import IssueKind
 from namc.data.refs import read_ref
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, open_image, pixel_cap_arg, to_rgb
+from namc.jsonl import JSONError, loads
 from namc.lit.shardwise import (
     ShardDataModule,
     ShardWriter,
@@ -93,9 +93,9 @@ class ImageLines:
 
 def _key_of(raw: bytes) -> str | None:
     try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
+        obj = loads(raw)
+    except JSONError:
+        return None  # the line is skipped and counted when its shard is embedded
     key = obj.get("key") if isinstance(obj, dict) else None
     return key if isinstance(key, str) and key else None
 
@@ -168,11 +168,11 @@ class EmbedSource:
         key = image = None
         try:
             try:
-                obj = json.loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
+                obj = loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
             except UnicodeDecodeError as err:
                 raise _Skip(IssueKind.MALFORMED_LINE, f"not UTF-8: byte 0x{raw[err.start]:02x}") from None
-            except json.JSONDecodeError as err:
-                raise _Skip(IssueKind.MALFORMED_LINE, f"invalid JSON: {err}") from None
+            except JSONError as err:  # invalid, too deep, too long, or a key given twice
+                raise _Skip(IssueKind.MALFORMED_LINE, str(err)) from None
             if not isinstance(obj, dict):
                 raise _Skip(IssueKind.MALFORMED_LINE, f"expected a JSON object, got {type(obj).__name__}")
             key, image = obj.get("key"), obj.get("image")

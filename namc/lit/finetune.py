@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from namc.backends.precision import calibrate_int8, check_precision, int8_calibration, set_int8_calibration
 from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, _tokenizer_arg, caption_evaluator
 from namc.models import create_model, load_model
-from namc.models.precision import calibrate_int8, check_precision, int8_calibration, set_int8_calibration
 from namc.objectives import FINETUNE_LR, finetune_step
 from namc.ops.distributed import broadcast_object, gather_objects
 from namc.text.tokenizer import CaptionTokenizer, same_tokenizer
@@ -43,7 +43,7 @@ class FinetuneModule(NAMCModule):
             the model's config, so the exported model generates as long by default; at most ``max_caption_len - 1``.
         num_beams: 1 = greedy (the paper).
         inference_precision: ``fp32``, ``bf16`` or ``int8`` (CPU only): the precision the validation, test and
-            predict captions are generated in (:mod:`namc.models.precision`; losses and training stay as the
+            predict captions are generated in (:mod:`namc.backends.precision`; losses and training stay as the
             Trainer's ``precision`` says). With ``namc eval --compare`` this measures what a precision changes:
             ``namc test ... --model.init_args.inference_precision bf16``.
         inference_shortlist: generate the validation, test and predict captions over ``model.training_shortlist``
@@ -52,7 +52,7 @@ class FinetuneModule(NAMCModule):
             records the list (the exported model keeps it, ``shortlist.json``); a test or predict run over a model
             without one builds it from the datamodule's training captions.
         int8_calibration_pairs: with ``int8``, the first this many pairs of the datamodule's training split (both
-            images of each) calibrate the static int8 grid (:func:`namc.models.precision.calibrate_int8`) before the
+            images of each) calibrate the static int8 grid (:func:`namc.backends.precision.calibrate_int8`) before the
             first int8 captions, and again whenever the grid's weights changed (a trainable grid), replacing a
             calibration the ``pretrained`` folder carried; 0: the grid runs in fp32; a datamodule without a
             benchmark training split: the ``pretrained`` folder's calibration where it has one, else fp32. The

@@ -25,7 +25,9 @@ section of a pipeline YAML (``--config``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -44,7 +46,8 @@ from namc.data.corpus.targets import made_from, shard_stamp, targets_path
 from namc.data.issues import DataIssues, IssueKind
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTransform, pixel_cap_arg
 from namc.lit.shardwise import ShardDataModule, ShardWriter, add_trainer_arguments, clean_temporaries, make_trainer
-from namc.models.files import atomic_write_text, file_digest
+from namc.locks import LockedError, is_launching_process, output_lock
+from namc.models.files import atomic_write_text, file_digest, read_json
 from namc.models.grid import GridEncoder
 from namc.models.registry import model_config
 from namc.models.vqgan import VQGANTokenizer
@@ -193,8 +196,10 @@ def _done(shard: Path, settings: dict[str, Any]) -> bool:
     if not path.is_file():
         return False
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        meta = read_json(path, error=ValueError)
+    except (OSError, ValueError):
+        return False  # unreadable targets are made again
+    if not isinstance(meta, dict):
         return False
     same = all(meta.get(k) == v for k, v in settings.items())
     return same and made_from(meta, shard_stamp(shard))
@@ -235,15 +240,27 @@ class PrecomputeJob:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``namc data precompute``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_with_config(build_parser(), argv, "precompute")
+    held = contextlib.ExitStack()
     try:
         shards = list_shards(args.shards)
         vqgan, grid, settings = _parts(args)
-    except (FileNotFoundError, ValueError, OSError) as err:
-        print(f"namc data precompute: {err}", file=sys.stderr)
+        if is_launching_process():  # one run per shard folder; the other ranks of this run write under its lock
+            held.enter_context(output_lock(args.shards, shlex.join(["namc", "data", "precompute", *argv])))
+    except (FileNotFoundError, ValueError, OSError, LockedError) as err:
+        print(f"namc data precompute: error: {err}", file=sys.stderr)
         return 2
-    before = sum(_done(s, settings) for s in shards)
+    with held:
+        _precompute(args, shards, vqgan, grid, settings)
+    return 0
 
+
+def _precompute(
+    args: argparse.Namespace, shards: list[Path], vqgan: VQGANTokenizer, grid: GridEncoder | None, settings: dict
+) -> None:
+    """Writes the targets of the pending shards and prints the totals (on rank 0)."""
+    before = sum(_done(s, settings) for s in shards)
     n = vqgan.grid_size(settings["image_size"]) ** 2
     job = PrecomputeJob(shards, settings, n, grid.out_channels if grid is not None else None)
     source = PrecomputeSource(shards, settings["image_size"], args.batch_size, args.max_image_pixels)
@@ -255,11 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = [s for s in shards if _done(s, settings)]
         rows = skipped = 0
         for s in done:
-            meta = json.loads(targets_path(s, "targets.json").read_text(encoding="utf-8"))
+            meta = read_json(targets_path(s, "targets.json"), error=ValueError)
             rows, skipped = rows + len(meta["keys"]), skipped + len(meta["skipped"])
         what = "codes and grids" if grid is not None else "codes"
         print(
             f"precomputed {what} of {rows} pairs in {args.shards}: {len(done)} of {len(shards)} shards complete "
             f"({before} were before this run); skipped {skipped}"
         )
-    return 0

@@ -7,13 +7,11 @@ from namc.models.hub import push_to_hub, resolve_model_path
 from namc.models.namc import NAMC
 from namc.models.registry import create_model, list_models, load_model, model_config, register_model
 from namc.models.shortlist import Shortlist
-from namc.models.static_decode import StaticDecoder
 
 __all__ = [
     "NAMC",
     "NAMCConfig",
     "Shortlist",
-    "StaticDecoder",
     "create_fusion",
     "create_model",
     "list_fusions",

@@ -1,4 +1,11 @@
-"""NAMCConfig: everything needed to rebuild a NAMC model; a saved model's ``config.json`` is this as JSON."""
+"""NAMCConfig: everything needed to rebuild a NAMC model; a saved model's ``config.json`` is this as JSON.
+
+A model folder, a checkpoint or a recipe is untrusted input, so :meth:`NAMCConfig.validate` checks a config before
+anything is built (:mod:`namc.models.validate` holds the rules): types, ranges, known model names, the keyword
+arguments that reach timm and taming, and an estimate of the parameters it would allocate, at most
+:data:`~namc.models.validate.DEFAULT_MAX_PARAMETERS` unless ``NAMC_MAX_PARAMETERS`` (or ``max_parameters=``) says
+otherwise.
+"""
 
 from __future__ import annotations
 
@@ -86,3 +93,28 @@ class NAMCConfig:
         if unknown:
             raise ValueError(f"unknown NAMC config keys {unknown}; valid keys: {sorted(known)}")
         return cls(**data)
+
+    def validate(self, where: str = "NAMCConfig", max_parameters: float | None = None) -> None:
+        """Check every field before anything is built (:func:`namc.models.validate.check_config`).
+
+        Args:
+            where: what the config came from, for the message (a file, a checkpoint entry, a recipe key).
+            max_parameters: the most parameters the config may build (default: ``NAMC_MAX_PARAMETERS`` from the
+                environment, else 2e9).
+
+        Raises:
+            ConfigError: one line ``"<where>: <key>: <problem>"``.
+        """
+        from namc.models.validate import check_config
+
+        check_config(self, where, max_parameters)
+
+    def estimate_parameters(self) -> int:
+        """The parameters this config would build, estimated without building it (see :mod:`namc.models.validate`).
+
+        Raises:
+            ConfigError: the config names a model that cannot be built (an unknown CLIP or grid model).
+        """
+        from namc.models.validate import estimate_parameters
+
+        return estimate_parameters(self)

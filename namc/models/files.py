@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from namc.data.jsonl import JSONError, loads
+from namc.jsonl import JSONError, loads
 
 __all__ = [
     "FILES_KEY",
@@ -126,7 +126,7 @@ def load_error_advice(path: Path, exc: BaseException) -> str:
 
 
 def read_json(path: Path, error: type[Exception] = ConfigError, max_chars: int | None = None) -> Any:
-    """The decoded JSON of ``path`` through the bounded reader (:func:`namc.data.jsonl.loads`: depth, size,
+    """The decoded JSON of ``path`` through the bounded reader (:func:`namc.jsonl.loads`: depth, size,
     duplicate keys); ``error`` naming the file (with line and column where it is not UTF-8 or not JSON).
 
     Raises:

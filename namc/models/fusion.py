@@ -69,25 +69,6 @@ class ConcatFusion(nn.Linear):
     def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return super().forward(torch.cat([x1, x2], dim=-1))  # (B, N, 2D) -> (B, N, D)
 
-    def to_dynamic_int8(self) -> nn.Module:
-        """This FC in dynamic int8 for an int8 inference copy (:func:`namc.models.qlinear.quantize_linears`)."""
-        return _Int8ConcatFusion(self)
-
-
-class _Int8ConcatFusion(nn.Module):
-    """:class:`ConcatFusion` in dynamic int8 as the sum of its two halves, ``W1 x1 + W2 x2 + b``: no (B, N, 2D)
-    concatenation, and each stream's activations get their own int8 scale."""
-
-    def __init__(self, fc: ConcatFusion) -> None:
-        from namc.models.qlinear import int8_linear
-
-        super().__init__()
-        w1, w2 = fc.weight.detach().chunk(2, dim=1)  # (D, D) each: the columns that read x1, then x2
-        self.first, self.second = int8_linear(w1, fc.bias), int8_linear(w2, None)
-
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-        return self.first(x1) + self.second(x2)
-
 
 def _heads_for(dim: int) -> int:
     """Attention heads of the MDP block: 64-wide heads where D allows it (12 at D = 768, like MIR), else one."""

@@ -10,8 +10,6 @@ C feature channels.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable
 from pathlib import Path
 
 import timm
@@ -113,89 +111,8 @@ class GridEncoder(nn.Module):
         """Set training mode; a frozen encoder stays in eval mode so its BatchNorm statistics never change."""
         return super().train(mode and not self.frozen)
 
-    def fold_batchnorm(self) -> int:
-        """Fold every BatchNorm into the convolution that feeds it, for inference with a frozen encoder.
-
-        A frozen encoder's BatchNorm uses fixed running statistics, so ``bn(conv(x))`` is one convolution with the
-        weights ``w * g / sqrt(var + eps)`` and bias ``b' = (b - mean) * g / sqrt(var + eps) + beta``: the separate
-        normalisation pass (about 9% of namc_base's end-to-end time on a CPU) disappears. Pairs are a ``Conv2d``
-        child registered immediately before a ``BatchNorm2d`` child of the same module (timm's ResNet stem,
-        ``convN``/``bnN`` of every block, the ``downsample`` sequence); the BatchNorm becomes ``nn.Identity``. The
-        result equals the unfolded encoder up to float rounding (tests/test_precision.py); the weights stay
-        channels-last. Changes this module in place: fold an inference copy (:mod:`namc.models.precision`), not a
-        model you will save (its state dict loses the ``bn*`` keys).
-
-        Returns:
-            how many BatchNorm layers were folded.
-
-        Raises:
-            ValueError: the encoder is trainable (its statistics would still change).
-        """
-        if not self.frozen:
-            raise ValueError("fold_batchnorm needs a frozen grid encoder (BatchNorm statistics must be fixed)")
-        from torch.nn.utils.fusion import fuse_conv_bn_eval
-
-        folded = 0
-        for module in list(self.backbone.modules()):
-            children = list(module.named_children())
-            for (name, conv), (bn_name, bn) in zip(children, children[1:]):
-                if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d) and bn.track_running_stats:
-                    setattr(module, name, fuse_conv_bn_eval(conv.eval(), bn.eval()))
-                    setattr(module, bn_name, nn.Identity())
-                    folded += 1
-        self.backbone.to(memory_format=torch.channels_last)
-        return folded
-
-    def fuse_onednn(self) -> int:
-        """Run the folded backbone's convolutions with their ReLUs and residual additions fused into single oneDNN
-        calls, in the convolutions' current dtype (:func:`namc.models.onednn.fuse_resnet`). Call it after
-        :meth:`fold_batchnorm` (and after casting the convolutions) on an inference copy: the fused encoder cannot
-        be trained, saved or copied.
-
-        Returns:
-            how many convolutions run fused (0 where this torch build lacks the kernels).
-        """
-        if any(isinstance(m, nn.BatchNorm2d) for m in self.backbone.modules()):
-            raise ValueError("fuse_onednn needs a folded encoder: call fold_batchnorm first")
-        from namc.models.onednn import fuse_resnet
-
-        return fuse_resnet(self.backbone)
-
-    def int8_peaks(self, batches: Iterable[torch.Tensor]) -> list[list[float]]:
-        """Calibrate a static int8 grid: the largest activation of every block (input, each inner convolution,
-        output; :func:`namc.models.qconv.calibrate_resnet`) over ``batches`` of (B, 3, H, W) images in [0, 1], seen
-        by a folded, fused fp32 copy of this frozen encoder (the one :meth:`quantize_int8` quantises)."""
-        from namc.models.qconv import calibrate_resnet
-
-        twin = copy.deepcopy(self).eval()
-        twin.fold_batchnorm()
-        if not twin.fuse_onednn():
-            raise RuntimeError("static int8 needs oneDNN's fused convolutions, which this torch build lacks")
-
-        def normalized(images: torch.Tensor) -> torch.Tensor:
-            if images.ndim != 4 or images.shape[1] != 3:
-                raise ValueError(f"calibration images must be (B, 3, H, W), got {tuple(images.shape)}")
-            return twin._normalize(images.float())
-
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            return calibrate_resnet(twin.backbone, (normalized(images) for images in batches))
-
-    def quantize_int8(self, peaks: list[list[float]], ceiling: int | None = None) -> int:
-        """Run the blocks of this folded, fused fp32 encoder in static int8 (:func:`namc.models.qconv.quantize_resnet`)
-        with activation scales from :meth:`int8_peaks`, and the stem and its max-pool with the pixels' scale from
-        the normalisation (:class:`namc.models.qconv.QuantStem`). Inference only, like :meth:`fuse_onednn`.
-        ``ceiling``: the largest activation code (:func:`namc.models.qconv.code_ceiling`: 255 with VNNI, else 127).
-
-        Returns:
-            how many convolutions now run in int8 (0 where this torch build lacks the kernels).
-        """
-        from namc.models.qconv import quantize_resnet
-
-        lowest, highest = (0 - self.mean) / self.std, (1 - self.mean) / self.std  # normalised pixels of [0, 1]
-        pixel_peak = float(torch.maximum(lowest.abs(), highest.abs()).max())
-        return quantize_resnet(self.backbone, peaks, pixel_peak, ceiling)
-
-    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) pixels in [0, 1] -> ImageNet-normalised, channels-last (what the backbone takes)."""
         return ((images - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
 
     def grid_size(self, image_size: int) -> int:
@@ -226,6 +143,6 @@ class GridEncoder(nn.Module):
         if H % self.stride or W % self.stride:
             raise ValueError(f"image size {H}x{W} is not a multiple of the grid stride {self.stride}")
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
-            x = self._normalize(images)
+            x = self.normalize(images)
             features = self.backbone(x)[0]  # (B, C, h, w)
         return features.flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h*w, C)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from namc._version import __version__
+from namc.paths import check_revision, contained
 
 __all__ = [
     "HUB_PREFIX",
@@ -63,7 +64,8 @@ def parse_hub_id(spec: str) -> tuple[str, str | None]:
     The ``hf-hub:`` prefix is optional here (``push_to_hub`` takes a bare ``org/name`` too).
 
     Raises:
-        ValueError: not of the form ``org/name[@revision]``.
+        ValueError: not of the form ``org/name[@revision]``, or a revision that is neither a 40-hex commit nor a valid
+            git branch or tag name (:func:`namc.paths.check_revision`).
     """
     body = spec[len(HUB_PREFIX) :] if spec.startswith(HUB_PREFIX) else spec
     repo_id, at, revision = body.partition("@")
@@ -76,6 +78,8 @@ def parse_hub_id(spec: str) -> tuple[str, str | None]:
         validate_repo_id(repo_id)
     except ValueError as err:  # HFValidationError: characters the Hub does not allow
         raise ValueError(f"not a Hub model id: {spec!r}: {str(err).splitlines()[0]}") from None
+    if revision:  # it names a file under the cache's refs/: '..' or an absolute path would read one outside it
+        check_revision(revision, spec)
     return repo_id, revision or None
 
 
@@ -187,7 +191,11 @@ def resolve_model_path(spec: str | Path, *, cache_dir: str | Path | None = None)
         ) from None
     except HfHubHTTPError as err:  # the Hub down, rate limits, ...
         raise HubError(f"{spec}: cannot fetch {repo_id} from the Hugging Face Hub: {_first_line(err)}") from None
-    path = Path(folder)
+    # the snapshot must be in the cache under the repo's own folder, whatever a ref file in the cache said
+    repo_folder = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    path = contained(repo_folder, Path(folder).name, f"{spec}: snapshot")
+    if path.resolve() != Path(folder).resolve():
+        raise HubError(f"{spec}: the Hub cache resolved {repo_id} to {folder}, outside its snapshots in {repo_folder}")
     if not (path / _CONFIG_FILE).is_file():
         raise HubError(
             f"{spec}: {repo_id} (revision {revision or 'main'}) is not a namc model: its snapshot {path} has no "

@@ -70,6 +70,8 @@ __all__ = [
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 NAMC_KEY = "namc"  # namc's entry in a Lightning checkpoint
+# Config fields naming the files a fresh model's pretrained parts are read from; a saved model does not need them.
+_PART_PATHS = ("clip_pretrained", "grid_pretrained", "vqgan_pretrained")
 
 # How many offending key names an error message lists before it says "... and N more".
 _MAX_LISTED_KEYS = 8
@@ -322,13 +324,23 @@ def checkpoint_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k[len("model.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
 
 
-def _config_from(data: Any, where: str) -> NAMCConfig:
-    """A :class:`NAMCConfig` from decoded JSON, every problem a :class:`ConfigError` naming ``where`` and the key."""
+def _config_from(data: Any, where: str, max_parameters: float | None = None) -> NAMCConfig:
+    """A checked :class:`NAMCConfig` from decoded JSON, every problem a :class:`ConfigError` naming ``where`` and the
+    key (:meth:`NAMCConfig.validate`: types, ranges, model names, the parameters it would build).
+
+    A saved model holds every weight, so the pretrained-part paths its config names (a training checkpoint records
+    the files its training started from) are dropped: a model file never makes namc read a file outside it.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a JSON object of config keys, got {type(data).__name__}")
     data = {k: v for k, v in data.items() if k not in ("namc_version", FILES_KEY)}
     check_fields(data, NAMCConfig, where)
-    return NAMCConfig(**data)
+    named = {k: data[k] for k in _PART_PATHS if data.get(k) is not None}
+    if named:
+        logger.debug("%s: not reading the pretrained parts it names (the saved weights replace them): %s", where, named)
+    config = NAMCConfig(**{**data, **dict.fromkeys(_PART_PATHS)})
+    config.validate(where, max_parameters)
+    return config
 
 
 def _folder_config(directory: Path) -> dict[str, Any]:
@@ -341,18 +353,27 @@ def _folder_config(directory: Path) -> dict[str, Any]:
     return read_json(cfg_path)
 
 
-def read_config(path: str | Path) -> NAMCConfig:
-    """The :class:`NAMCConfig` of a saved model: a ``save_pretrained`` folder or a namc ``.ckpt``.
+def read_config(path: str | Path, max_parameters: float | None = None) -> NAMCConfig:
+    """The checked :class:`NAMCConfig` of a saved model: a ``save_pretrained`` folder or a namc ``.ckpt``.
+
+    The config is validated before anything is built from it (:meth:`NAMCConfig.validate`); its pretrained-part
+    paths are ``None`` (the saved weights replace them).
+
+    Args:
+        path: the folder, a Hub id or the ``.ckpt`` file.
+        max_parameters: the most parameters the config may build (default: ``NAMC_MAX_PARAMETERS``, else 2e9).
 
     Raises:
         FileNotFoundError: no config there.
-        ConfigError: ``config.json`` is not UTF-8 or not JSON (the message names the line and column), or has an
-            unknown key or a value of the wrong type (the message names the key).
+        ConfigError: ``config.json`` is not UTF-8 or not JSON or too deeply nested (the message names the line and
+            column), or has an unknown key, a value of the wrong type or out of range, an unknown model name, or
+            would build more parameters than allowed (the message names the key).
     """
     path = resolve_model_path(path)
     if not (path.is_file() or path.suffix == ".ckpt"):
-        return _config_from(_folder_config(path), str(path / CONFIG_FILE))
-    return _config_from(read_checkpoint(path)[NAMC_KEY].get("config"), f"{path} ['{NAMC_KEY}']['config']")
+        return _config_from(_folder_config(path), str(path / CONFIG_FILE), max_parameters)
+    where = f"{path} ['{NAMC_KEY}']['config']"
+    return _config_from(read_checkpoint(path)[NAMC_KEY].get("config"), where, max_parameters)
 
 
 def verify_folder(directory: str | Path) -> list[str]:

@@ -44,18 +44,15 @@ from namc.models.io import (
     write_config,
 )
 from namc.models.mir import MIR, MIRConfig
-from namc.models.precision import (
-    CALIBRATION_FILE,
-    load_int8_calibration,
-    precision_context,
-    save_int8_calibration,
-)
 from namc.models.shortlist import SHORTLIST_FILE, Shortlist, load_shortlist, save_shortlist
 from namc.models.skip_init import skip_random_init
 from namc.models.vqgan import VQGANTokenizer
 from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 
 logger = logging.getLogger(__name__)
+
+#: a saved model's static int8 grid calibration (:mod:`namc.backends.precision` writes and reads it)
+CALIBRATION_FILE = "int8_calibration.json"
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -263,8 +260,8 @@ class NAMC(nn.Module):
         precision: str = "fp32",
         vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> torch.Tensor:
-        """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``); ``precision``
-        ``fp32`` (default), ``bf16`` or ``int8`` (CPU) runs a converted copy (:mod:`namc.models.precision`);
+        """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``) through the
+        CPU runtime of ``precision``: ``fp32`` (default), ``bf16`` or ``int8`` (CPU) (:mod:`namc.backends.precision`);
         ``vocabulary``: the only tokens to generate (:mod:`namc.models.shortlist`), None for all.
 
         Raises:
@@ -274,20 +271,14 @@ class NAMC(nn.Module):
         rows = check_inputs(self.config.image_size, (images_1, images_2, grid_1, grid_2), max_new_tokens, num_beams)
         if rows == 0:
             return torch.zeros(0, 0, dtype=torch.long, device=self.fdg.tok.weight.device)
-        if precision != "fp32":
-            with precision_context(self, precision, self.fdg.tok.weight.device) as model:
-                dtype = model.fdg.pos.dtype  # the activations' dtype (the copies keep fp32 activations)
-                x = [None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)]
-                return model.generate_ids(
-                    x[0], x[1], max_new_tokens, num_beams, grid_1=x[2], grid_2=x[3], vocabulary=vocabulary
-                )
-        dtype = self.fdg.pos.dtype  # float64 or float16 pixels run in the model's own dtype
-        images_1, images_2, grid_1, grid_2 = (
-            None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)
-        )
-        memory = self.encode_pair(images_1, images_2, grid_1, grid_2)
-        n = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        return self.fdg.generate(memory, n, num_beams, vocabulary=vocabulary)
+        from namc.backends.precision import precision_context  # the runtime side, imported where it runs
+
+        with precision_context(self, precision, self.fdg.tok.weight.device) as model:
+            dtype = model.fdg.pos.dtype  # float64 or float16 pixels run in the activations' dtype
+            x = [None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)]
+            memory = model.encode_pair(*x)
+            n = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+            return model.fdg.generate(memory, n, num_beams, vocabulary=vocabulary)
 
     def shortlist(self, captions: Iterable[str]) -> Shortlist:
         """The tokens of ``captions`` (say, the captions the model was fine-tuned on) as a shortlist for
@@ -297,9 +288,9 @@ class NAMC(nn.Module):
     def calibrate_int8(self, images: Iterable[torch.Tensor]) -> None:
         """Give ``precision="int8"`` a static int8 grid: activation scales from ``images``, batches of (B, 3, H, W)
         in [0, 1] like the ones to caption (both images of a few hundred pairs). See
-        :func:`namc.models.precision.calibrate_int8`; without it the int8 grid runs in fp32. :meth:`save_pretrained`
+        :func:`namc.backends.precision.calibrate_int8`; without it the int8 grid runs in fp32. :meth:`save_pretrained`
         keeps the calibration and :meth:`from_pretrained` restores it."""
-        from namc.models.precision import calibrate_int8
+        from namc.backends.precision import calibrate_int8
 
         calibrate_int8(self, images)
 
@@ -321,7 +312,7 @@ class NAMC(nn.Module):
             images_2: (B, 3, H, W) in [0, 1].
             max_new_tokens: at most this many generated tokens (default ``config.max_new_tokens``, 23).
             num_beams: 1 for greedy (the paper); more for beam search.
-            precision: ``fp32`` (default), ``bf16`` or ``int8`` (CPU only) (:mod:`namc.models.precision`).
+            precision: ``fp32`` (default), ``bf16`` or ``int8`` (CPU only) (:mod:`namc.backends.precision`).
             vocabulary: the only tokens to write, e.g. ``model.shortlist(training_captions)`` or a fine-tuned
                 model's ``model.training_shortlist`` (:mod:`namc.models.shortlist`); None (default): the whole
                 vocabulary.
@@ -362,6 +353,8 @@ class NAMC(nn.Module):
         os.replace(partial, directory / WEIGHTS_FILE)
         self.tokenizer.save(directory)
         bpe = json.loads((directory / TOKENIZER_FILE).read_text()).get("bpe")  # a CLIP BPE copies its vocabulary
+        from namc.backends.precision import save_int8_calibration
+
         calibration = save_int8_calibration(self, directory)  # the static int8 grid's scales, where calibrated
         shortlist = save_shortlist(self.training_shortlist, directory)
         extra = [name for name in (bpe, calibration, shortlist) if isinstance(name, str)]
@@ -413,6 +406,8 @@ class NAMC(nn.Module):
         for name in unrecorded:
             logger.warning("%s: %s is not recorded in config.json: ignored", directory, name)
         if CALIBRATION_FILE not in unrecorded and torch.device(map_location).type == "cpu":  # int8: CPU only
+            from namc.backends.precision import load_int8_calibration
+
             load_int8_calibration(model, directory)
         if SHORTLIST_FILE not in unrecorded:
             model.training_shortlist = load_shortlist(directory, model.tokenizer)

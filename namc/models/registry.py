@@ -32,8 +32,6 @@ __all__ = ["create_model", "list_models", "load_model", "model_config", "registe
 logger = logging.getLogger(__name__)
 
 _PRESETS: dict[str, Callable[[], NAMCConfig]] = {}
-# Pretrained-part paths are only needed to initialise a fresh model; a saved model holds all the weights.
-_PART_PATHS = ("clip_pretrained", "grid_pretrained", "vqgan_pretrained")
 
 
 def register_model(fn: Callable[[], NAMCConfig]) -> Callable[[], NAMCConfig]:
@@ -77,6 +75,9 @@ def create_model(
 
     Returns:
         the model (training mode when built from a preset, eval mode when loaded from ``pretrained``).
+
+    Raises:
+        ConfigError: the config (preset + overrides) fails :meth:`NAMCConfig.validate`; checked before building.
     """
     if pretrained is not None:
         if overrides or tokenizer is not None:
@@ -90,6 +91,7 @@ def create_model(
             raise ValueError(f"unknown tokenizer kind {cfg.tokenizer!r}: expected 'clip_bpe' or 'word'")
         tokenizer = ClipBPETokenizer() if cfg.tokenizer == "clip_bpe" else WordTokenizer.build(default_word_texts())
     cfg = dataclasses.replace(cfg, tokenizer=tokenizer.kind, vocab_size=tokenizer.vocab_size)
+    cfg.validate(f"model {name!r}")  # before anything is allocated: a bad override is one line, not a traceback
     return NAMC(cfg, tokenizer)
 
 
@@ -113,8 +115,9 @@ def load_model(path: str | Path, pretraining: bool | None = None) -> NAMC:
     else:
         ckpt = read_checkpoint(path)
         entry = ckpt[NAMC_KEY]
-        # its config and tokenizer as read_config / read_tokenizer check them (a bad entry: a ConfigError naming it)
-        config = dataclasses.replace(read_config(path), **dict.fromkeys(_PART_PATHS))
+        # its config and tokenizer as read_config / read_tokenizer check them (a bad entry: a ConfigError naming it;
+        # the pretrained-part paths it records are dropped, the checkpoint holds every weight)
+        config = read_config(path)
         tokenizer = read_tokenizer(path)
         with skip_random_init():  # every weight comes from the checkpoint, loaded strictly below
             model = NAMC(config, tokenizer)

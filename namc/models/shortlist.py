@@ -8,8 +8,8 @@ fine-tuned on one benchmark writes captions from a few hundred to a few thousand
 fine-tuning captions); the others never were a target there. A :class:`Shortlist` restricts greedy and beam
 decoding to a set of ids, as Marian's lexical shortlists do for translation on CPUs: each step projects onto those
 rows of the vocabulary matrix only, and the pick is mapped back to the full vocabulary. The rows are gathered once
-per shortlist and matrix (for an int8 or bf16 inference copy, quantised or laid out once as :meth:`FDG.pack_step
-<namc.models.fdg.FDG.pack_step>` does the full matrix) and kept while the matrix is unchanged.
+per shortlist and matrix (for an int8 or bf16 inference copy, quantised or laid out once as the copy does the full
+matrix, :mod:`namc.backends.step`) and kept while the matrix is unchanged.
 
 What it gives: namc_base decodes over 3,000 of its 49,409 tokens 1.5-2.6x faster, with the same ids where the list
 holds the whole vocabulary's picks (docs/performance.md). ``namc benchmark --shortlist N`` gives the CLIP4IDC peer
@@ -32,20 +32,15 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from namc.models import onednn, threads
 from namc.models.files import ConfigError, atomic_write_text, read_json
-from namc.models.layers import StepWeights
-from namc.models.qlinear import int8_linear
-from namc.thresholds import ARGMAX_MIN_ROWS
 
-__all__ = ["SHORTLIST_FILE", "Shortlist", "first_max_index", "greedy_ids", "load_shortlist", "save_shortlist"]
+__all__ = ["SHORTLIST_FILE", "Shortlist", "greedy_ids", "load_shortlist", "save_shortlist"]
 
 SHORTLIST_FILE = "shortlist.json"  # a fine-tuned model's training-caption tokens (save_pretrained)
 _FORMAT = "namc-shortlist/1"
@@ -149,9 +144,10 @@ class Shortlist:
         """Positions in the shortlist -> ids of the full vocabulary."""
         return self.index(picks.device)[picks]
 
-    def head(self, entry: tuple, weight: torch.Tensor) -> tuple:
-        """A decoding step's vocabulary entry (no bias) restricted to the list, in the entry's form: ``(matrix,
-        None)`` plain or prepacked bf16, ``(packed int8 layer,)``; ``weight``: the (V, D) matrix the entry was made
+    def head(self, entry: tuple, weight: torch.Tensor, form: Callable[[torch.Tensor], tuple] | None = None) -> tuple:
+        """A decoding step's vocabulary entry (no bias) restricted to the list: ``form`` of the gathered (S, D) rows
+        (default ``(rows in the entry's dtype, None)``); ``entry``: the full matrix's entry, whose first item is the
+        matrix in the form a runtime keeps it (:mod:`namc.backends.step`); ``weight``: the (V, D) matrix it was made
         from (FDG's tied embedding or ``lm_head``). Kept while ``entry`` and ``weight`` are the same and unchanged."""
         try:
             version = weight._version
@@ -161,12 +157,7 @@ class Shortlist:
             if entry_ref() is entry[0] and weight_ref() is weight and rest == [version, weight.device]:
                 return head
         rows = weight.detach().index_select(0, self.index(weight.device))  # (S, D)
-        if isinstance(entry[0], nn.Module):  # FDG.pack_step("int8"): the same per-row codes as the full matrix's
-            head = (int8_linear(rows, None),)  # int8 however few the rows, as the full matrix's are
-        elif onednn.is_packed(entry[0]):  # FDG.pack_step("bf16")
-            head = StepWeights.packed(rows, None, "bf16")
-        else:
-            head = (rows.to(entry[0].dtype), None)
+        head = form(rows) if form is not None else (rows.to(entry[0].dtype), None)
         # weak references: a list outliving an inference copy keeps none of the copy's matrices alive
         key = (weakref.ref(entry[0]), weakref.ref(weight), version, weight.device)
         self._heads = [(key, head), *self._heads][: self._KEEP]
@@ -175,50 +166,9 @@ class Shortlist:
 
 def greedy_ids(logits: torch.Tensor, shortlist: Shortlist | None = None) -> torch.Tensor:
     """The greedy pick of (b, V) logits, or of (b, S) logits over ``shortlist``, as (b,) vocabulary ids: the first
-    index of each row's largest value (a NaN counting as the largest), ``argmax``'s rule, found as
-    :func:`first_max_index` finds it."""
-    picks = first_max_index(logits)
+    index of each row's largest value (a NaN counting as the largest), ``argmax``'s rule."""
+    picks = logits.max(dim=-1).indices
     return picks if shortlist is None else shortlist.to_vocabulary(picks)
-
-
-_BLOCK = 256  # columns per block of first_max_index's first pass (namc_base's 49,409 logits: 193 blocks)
-
-
-def first_max_index(x: torch.Tensor) -> torch.Tensor:
-    """``x.max(dim=-1).indices`` of a (b, V) tensor, the same indices (the first of ties, the first NaN), faster on
-    a CPU's wide fp32 rows.
-
-    PyTorch's max with indices passes over the row tracking an index per element; a value-only reduction (``amax``)
-    is an order of magnitude faster. So the row is cut into blocks of 256 columns: the largest value of each block
-    (``amax``), the first block holding the row's largest (``max`` over the block maxima), the first index of it
-    within that block, and the columns after the last whole block compared on their own. From
-    :data:`~namc.thresholds.ARGMAX_MIN_ROWS` rows this is faster than ``max`` on fp32 logits (up to 4x); one row
-    keeps ``max``, as fast there. bf16 logits keep ``max`` too: their ``amax`` gains too little to pay
-    (docs/performance.md). The small reductions run on one thread where idle threads sleep
-    (:mod:`namc.models.threads`, ``argmax``)."""
-    b, V = x.shape
-    if (
-        x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or b < ARGMAX_MIN_ROWS
-        or V < 16 * _BLOCK
-        or x.stride(-1) != 1
-    ):
-        return x.max(dim=-1).indices
-    return threads.run("argmax", x.numel(), _blocked_first_max, x)
-
-
-def _blocked_first_max(x: torch.Tensor) -> torch.Tensor:
-    b, V = x.shape
-    n = V - V % _BLOCK
-    blocks = x[:, :n].unflatten(-1, (n // _BLOCK, _BLOCK))  # (b, n / 256, 256), a view
-    best, block = blocks.amax(dim=-1).max(dim=-1)  # the row's largest over whole blocks and the first block holding it
-    index = block * _BLOCK + blocks[torch.arange(b, device=x.device), block].max(dim=-1).indices
-    if n < V:  # the last columns: they win only where strictly larger (or a NaN the blocks lack)
-        tail, at = x[:, n:].max(dim=-1)
-        later = (tail > best) | (tail.isnan() & ~best.isnan())
-        index = torch.where(later, at + n, index)
-    return index
 
 
 def save_shortlist(shortlist: Shortlist | None, directory: Path) -> str | None:

@@ -28,6 +28,13 @@ Choices (the paper is silent on these):
   image"`` / ``"the second image"`` belongs to :data:`NEGATION_AUXILIARY_WORDS` (``"is not"``, ``"does not."``,
   ``"was"``), or when its description after the verb does (``"shows nothing"``). This check runs before the verb
   check, so ``"... while the second image does not."`` is ``NEGATION_ONLY``, not ``UNKNOWN_VERB``.
+- **The frame inside a half.** A half that itself holds the template's frame (``"the difference between the two
+  images"``, or a second ``"while the second image"``) is rejected (:attr:`RejectReason.NESTED_TEMPLATE`): an LLM
+  answer that repeats or embeds a whole template sentence would otherwise pass, with one sentence's ending glued
+  into the other's description.
+- **Length.** A description longer than :data:`MAX_DESCRIPTION_CHARS` characters is rejected
+  (:attr:`RejectReason.TOO_LONG`) before it is parsed: the paper's descriptions are one sentence of a few dozen
+  words, and a server that ignores its token cap must not put megabytes into a corpus.
 - **Verbs are returned lower-cased; descriptions keep their case** (``"HUNGER"`` in Figure 10 stays upper-case).
 """
 
@@ -41,6 +48,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 __all__ = [
+    "MAX_DESCRIPTION_CHARS",
     "NEGATION_AUXILIARY_WORDS",
     "TEMPLATE",
     "VERBS",
@@ -130,6 +138,14 @@ NEGATION_AUXILIARY_WORDS = frozenset(_NEGATION_AUXILIARY.split())
 
 _PREFIX_RE = re.compile(r"^the difference between (?:the )?two images is that the first image\b", re.IGNORECASE)
 _SEPARATOR_RE = re.compile(r"\s*,?\s*\bwhile the second image\b", re.IGNORECASE)
+# the frame's own wording, which no object description holds: its opening clause, or a second separator
+_FRAME_IN_HALF_RE = re.compile(
+    r"\bthe difference between (?:the )?two images\b|\bwhile the second image\b", re.IGNORECASE
+)
+
+#: The longest description accepted, in characters: far above a one-sentence description (a few hundred
+#: characters) and above what a 512-token answer holds, so only runaway or hostile answers reach it.
+MAX_DESCRIPTION_CHARS = 8192
 _STRIP_PUNCT = ".,;:!?\"'()[]"
 
 _PREFIX = "The difference between the two images is that the first image"
@@ -145,6 +161,8 @@ class RejectReason(StrEnum):
     UNKNOWN_VERB = "unknown_verb"  # a half does not start with a verb of VERBS
     EMPTY_HALF = "empty_half"  # a half has a verb but no object description
     NEGATION_ONLY = "negation_only"  # a half holds only negations / auxiliary verbs
+    NESTED_TEMPLATE = "nested_template"  # a half holds the template's own frame (an embedded second sentence)
+    TOO_LONG = "too_long"  # longer than MAX_DESCRIPTION_CHARS
 
 
 class TemplateError(ValueError):
@@ -182,6 +200,11 @@ def _is_negation_only(words: list[str]) -> bool:
 
 
 def _parse_half(rest: str, which: str) -> tuple[str, str]:
+    frame = _FRAME_IN_HALF_RE.search(rest)
+    if frame is not None:
+        raise TemplateError(
+            RejectReason.NESTED_TEMPLATE, f"the {which} half holds the template's frame {frame.group(0)!r}"
+        )
     words = rest.split()
     if not words:
         raise TemplateError(RejectReason.EMPTY_HALF, f"the {which} image has no verb and no description")
@@ -214,6 +237,10 @@ def parse(description: str) -> ParsedDescription:
     """
     if not isinstance(description, str) or not description.strip():
         raise TemplateError(RejectReason.EMPTY, "empty description")
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        raise TemplateError(
+            RejectReason.TOO_LONG, f"{len(description):,} characters, over the limit of {MAX_DESCRIPTION_CHARS:,}"
+        )
     text = normalize_whitespace(description)
     if text.endswith("."):
         text = text[:-1].rstrip()

@@ -21,6 +21,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from namc.jsonl import JSONError, loads
+from namc.paths import contained
+
 TOKENIZER_FILE = "tokenizer.json"
 _BPE_FILE = "bpe_vocab.txt.gz"
 _WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
@@ -181,13 +184,20 @@ def tokenizer_from_dict(
         where: the file the data came from, for error messages.
         directory: the folder of a ``tokenizer.json`` whose ``bpe`` entry names a BPE file there; without it a
             CLIP BPE comes from open_clip's bundled vocabulary and its size is checked.
+
+    Raises:
+        ValueError: an unknown type, a malformed entry, or a ``bpe`` name that leaves ``directory`` (absolute,
+            ``..``, a symlink out: :class:`namc.paths.PathEscapeError`); each message starts with ``where``.
     """
     kind = data.get("type")
     if kind == "word":
-        return WordTokenizer(data["words"])
+        words = data.get("words")
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise ValueError(f"{where}: 'words' must be a list of strings")
+        return WordTokenizer(words)
     if kind == "clip_bpe":
-        if directory is not None and "bpe" in data:
-            return ClipBPETokenizer(Path(directory) / data["bpe"])
+        if directory is not None and "bpe" in data:  # a file of the model folder: it may not point outside it
+            return ClipBPETokenizer(contained(directory, data["bpe"], f"{where}: bpe"))
         tok = ClipBPETokenizer()
         if tok.vocab_size != data.get("vocab_size", tok.vocab_size):
             raise ValueError(f"{where}: CLIP BPE with {data['vocab_size']} ids, the installed one has {tok.vocab_size}")
@@ -201,11 +211,23 @@ def same_tokenizer(a: CaptionTokenizer, b: CaptionTokenizer) -> bool:
 
 
 def load_tokenizer(directory: str | Path) -> WordTokenizer | ClipBPETokenizer:
-    """Read the tokenizer saved in ``directory`` (``tokenizer.json``)."""
+    """Read the tokenizer saved in ``directory`` (``tokenizer.json``, through the bounded JSON reader).
+
+    Raises:
+        FileNotFoundError: no ``tokenizer.json`` there.
+        ValueError: it is not UTF-8 or not JSON (too deep, too long, a duplicate key), or not a namc tokenizer; the
+            message names the file.
+    """
     path = Path(directory) / TOKENIZER_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {TOKENIZER_FILE} in {directory}: it is written by save_pretrained()")
-    return tokenizer_from_dict(json.loads(path.read_text()), where=str(path), directory=directory)
+    try:
+        data = loads(path.read_bytes().decode("utf-8-sig"))
+    except (UnicodeDecodeError, JSONError) as err:
+        raise ValueError(f"{path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a tokenizer object, got {type(data).__name__}")
+    return tokenizer_from_dict(data, where=str(path), directory=directory)
 
 
 def build_tokenizer(

@@ -44,9 +44,10 @@ from namc.curate.audit.report import render_html, thumbnail_url
 from namc.curate.audit.score import flag_spans, score_manifest
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.data.issues import DataIssues
-from namc.data.jsonl import json_line
 from namc.data.refs import read_ref, rebase_ref
 from namc.eval.noise import auroc
+from namc.jsonl import json_line, loads
+from namc.locks import LockedError, output_lock
 from namc.models.files import atomic_write_text
 from namc.models.namc import NAMC
 
@@ -133,7 +134,7 @@ def run_audit(
         open(out / ".manifest.filtered.jsonl.partial", "w", encoding="utf-8") as filt,
     ):
         for i, line in enumerate(src):
-            row = json.loads(line)
+            row = loads(line)  # our own temporary file, read through the one bounded reader all the same
             rec, s1, s2 = row["record"], row["scores1"], row["scores2"]
             w1, w2 = rec["desc1"].split(), rec["desc2"].split()
             scored = [x for x in s1 + s2 if x is not None]
@@ -252,19 +253,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model = load_model(args.model).to(args.device)
     out = args.out or (args.workdir or manifest.parent) / "audit"
-    summary = run_audit(
-        model,
-        manifest,
-        out,
-        args.threshold,
-        args.flag_quantile,
-        args.max_flagged,
-        args.pr_thresholds,
-        args.html_pairs,
-        args.batch_size,
-        args.limit,
-        not args.quiet,
-    )
+    try:
+        with output_lock(out, "namc curate audit"):
+            summary = run_audit(
+                model,
+                manifest,
+                out,
+                args.threshold,
+                args.flag_quantile,
+                args.max_flagged,
+                args.pr_thresholds,
+                args.html_pairs,
+                args.batch_size,
+                args.limit,
+                not args.quiet,
+            )
+    except LockedError as err:
+        print(f"namc curate audit: error: {err}", file=sys.stderr)
+        return 2
     print(
         f"audited {summary['pairs']} pairs (skipped {summary['skipped'] or 0}); threshold {summary['threshold']} "
         f"({summary['threshold_from']}); kept {summary['kept']}, dropped {summary['dropped']}"

@@ -4,6 +4,10 @@ Images are embedded as ``data:`` URLs of small JPEG thumbnails (so the file open
 mailed), every text goes through :func:`html.escape` (descriptions are LLM output: a ``<script>`` in one is shown,
 never run), and the page has no JavaScript. A word's highlight strength follows its irrelevance; its exact score is
 in the ``title`` tooltip.
+
+The page's size is bounded whatever the manifest holds: at most :data:`MAX_WORDS_SHOWN` words per half and
+:data:`MAX_FIELD_CHARS` characters of an id, a source or a word are shown (the rest is counted, not rendered), so a
+few runaway descriptions cannot turn a page of 200 pairs into gigabytes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from PIL import Image
 
 from namc.data.transforms import open_image, to_rgb
 
-__all__ = ["render_html", "thumbnail_url"]
+__all__ = ["MAX_FIELD_CHARS", "MAX_WORDS_SHOWN", "render_html", "thumbnail_url"]
+
+MAX_WORDS_SHOWN = 200  # a template half is a few dozen words; a reader skims, never reads 200 words of one half
+MAX_FIELD_CHARS = 200  # an id, a source name or one word
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
@@ -44,10 +51,15 @@ def thumbnail_url(data: bytes, side: int = 160) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
 
 
+def _short(text: str) -> str:
+    """``text`` escaped, cut at :data:`MAX_FIELD_CHARS` characters (an ellipsis marks the cut)."""
+    return html.escape(text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + "\u2026")
+
+
 def _words(words: Sequence[str], scores: Sequence[float | None], threshold: float) -> str:
     parts = []
-    for word, score in zip(words, scores):
-        w = html.escape(word)
+    for word, score in zip(words[:MAX_WORDS_SHOWN], scores):
+        w = _short(word)
         if score is None:
             parts.append(f'<span class="w" title="not scored (past the context)">{w}</span>')
         elif score >= threshold:
@@ -55,6 +67,8 @@ def _words(words: Sequence[str], scores: Sequence[float | None], threshold: floa
             parts.append(f'<mark style="--a:{alpha:.2f}" title="irrelevance {score:.3f}">{w}</mark>')
         else:
             parts.append(f'<span class="w" title="irrelevance {score:.3f}">{w}</span>')
+    if len(words) > MAX_WORDS_SHOWN:
+        parts.append(f'<span class="meta">[{len(words) - MAX_WORDS_SHOWN:,} more words not shown]</span>')
     return " ".join(parts)
 
 
@@ -86,10 +100,10 @@ def render_html(
             '<div class="pair">'
             f"{_img(p['thumb1'], 'first image')}{_img(p['thumb2'], 'second image')}"
             '<div class="txt">'
-            f'<div class="meta">{html.escape(p["id"])} &middot; {html.escape(p["source"])} &middot; '
+            f'<div class="meta">{_short(p["id"])} &middot; {_short(p["source"])} &middot; '
             f"{100 * p['flagged_fraction']:.0f}% of words flagged</div>"
-            f"<div><b>first image {html.escape(p['verb1'])}</b> {first}</div>"
-            f"<div><b>second image {html.escape(p['verb2'])}</b> {second}</div>"
+            f"<div><b>first image {_short(p['verb1'])}</b> {first}</div>"
+            f"<div><b>second image {_short(p['verb2'])}</b> {second}</div>"
             "</div></div>"
         )
     shown = f"showing the {len(pairs)} most flagged of {total_pairs} pairs"

@@ -46,12 +46,26 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
         "keys are never read from flags or files)",
     )
     g.add_argument("--concurrency", type=int, default=d.concurrency, help="requests in flight at once")
-    g.add_argument("--timeout", type=float, default=d.timeout, help="seconds before a request is abandoned")
+    g.add_argument(
+        "--timeout", type=float, default=d.timeout, help="seconds for a whole answer (a deadline, not per read)"
+    )
     g.add_argument("--max-attempts", type=int, default=d.max_attempts, help="attempts per item before it is failed")
     g.add_argument("--backoff-base", type=float, default=d.backoff_base, help="first retry waits up to this (s)")
     g.add_argument("--backoff-max", type=float, default=d.backoff_max, help="longest wait between attempts (s)")
     g.add_argument("--rpm", type=float, default=None, help="at most this many requests per minute (default: no limit)")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="most generated tokens per answer")
+    g.add_argument(
+        "--max-answer-chars",
+        type=int,
+        default=d.max_answer_chars,
+        help=f"a longer answer is failed as too_long, not stored (default {d.max_answer_chars})",
+    )
+    g.add_argument(
+        "--max-response-bytes",
+        type=int,
+        default=d.max_response_bytes,
+        help=f"stop reading an answer's body past this many bytes: too_long (default {d.max_response_bytes})",
+    )
     g.add_argument("--temperature", type=float, default=d.temperature)
     g.add_argument("--seed", type=int, default=d.seed, help="sampling seed sent to the server, and the jitter's seed")
 
@@ -69,6 +83,8 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
         backoff_max=args.backoff_max,
         rpm=args.rpm,
         max_tokens=args.max_tokens,
+        max_answer_chars=args.max_answer_chars,
+        max_response_bytes=args.max_response_bytes,
         temperature=args.temperature,
         seed=args.seed,
     )

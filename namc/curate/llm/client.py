@@ -13,11 +13,19 @@ HTTP 200                returns a :class:`Completion` (an empty message is a com
                         it as ``empty``; the server would answer the same at temperature 0)
 HTTP 429                retries after ``max(Retry-After, backoff)``; counted as ``rate_limit``
 HTTP 5xx                retries after the backoff; counted as ``server_error``
-timeout                 retries (the request timeout is ``timeout`` seconds); counted as ``timeout``
+timeout                 retries; counted as ``timeout``. ``timeout`` seconds is a deadline for the whole answer
+                        (connect, headers and body), not a per-read limit: a server that drips one byte a
+                        second is cut off at the deadline like one that never answers
 dropped connection      retries (connection refused/reset, server closed without answering); ``connection``
 other HTTP 4xx          no retry (a bad request stays bad): raises :class:`RequestFailed` (``http_4xx``)
 malformed 200 body      no retry: raises :class:`RequestFailed` (``bad_response``)
+answer over a cap       no retry (at temperature 0 the server answers the same): raises :class:`RequestFailed`
+                        (``too_long``): a body over ``max_response_bytes`` (reading stops there, nothing more is
+                        buffered) or a message over ``max_answer_chars`` characters
 ======================  ==========================================================================================
+
+Every request carries ``max_tokens``, the server-side cap on the answer; the two caps above are the client's own
+bounds for a server that ignores it.
 
 After ``max_attempts`` attempts a retryable failure raises :class:`RequestFailed` with the last error.
 
@@ -38,6 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+
+from namc.jsonl import JSONError, loads
 
 __all__ = ["ClientConfig", "Completion", "LLMClient", "RateLimiter", "RequestFailed", "backoff_delay"]
 
@@ -65,10 +75,14 @@ class ClientConfig:
     max_tokens: int = 512
     temperature: float = 0.0
     seed: int | None = 0
+    max_answer_chars: int = 8192  # a 512-token answer is ~2,000 characters; a longer one ignored max_tokens
+    max_response_bytes: int = 1 << 20  # the JSON body of the longest accepted answer, escapes included, is far less
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_attempts < 1:
             raise ValueError("concurrency and max_attempts must be >= 1")
+        if self.max_tokens < 1 or self.max_answer_chars < 1 or self.max_response_bytes < 1:
+            raise ValueError("max_tokens, max_answer_chars and max_response_bytes must be >= 1")
         if self.timeout <= 0 or self.backoff_base < 0 or self.backoff_max < 0:
             raise ValueError("timeout must be > 0 and the backoff times >= 0")
         if self.rpm is not None and self.rpm <= 0:
@@ -166,6 +180,56 @@ def _tokens(value: object) -> int:
         return 0
 
 
+async def _read_capped(response: Any, max_bytes: int) -> bytes:
+    """The body of a streamed response, reading no further than ``max_bytes`` (decompressed) bytes.
+
+    Raises:
+        RequestFailed: ``too_long`` once the body passes ``max_bytes``.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise RequestFailed("too_long", f"the answer's body passed {max_bytes:,} bytes (reading stopped)", 1, {})
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _completion(body: bytes, max_chars: int) -> Completion:
+    """The :class:`Completion` of a chat-completion body, read through namc's bounded JSON reader.
+
+    Raises:
+        RequestFailed: ``bad_response`` for a body that is not a chat completion, ``too_long`` for a message over
+            ``max_chars`` characters.
+    """
+    try:
+        data = loads(body)
+    except JSONError as err:
+        raise RequestFailed("bad_response", f"unreadable answer: {err}", 1, {}) from None
+    try:
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError) as err:
+        raise RequestFailed("bad_response", f"no choices[0].message in the answer: {err!r}", 1, {}) from None
+    if not isinstance(text, str):
+        raise RequestFailed("bad_response", f"the answer's content is a {type(text).__name__}, not text", 1, {})
+    if len(text) > max_chars:
+        raise RequestFailed("too_long", f"an answer of {len(text):,} characters, over the cap of {max_chars:,}", 1, {})
+    # a lone surrogate ("\ud83d": an emoji cut in half) is no character: U+FFFD, so the text is valid UTF-8
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    usage = data.get("usage") if isinstance(data, dict) else None
+    usage = usage if isinstance(usage, dict) else {}
+    finish = choice.get("finish_reason")
+    return Completion(
+        text=text,
+        prompt_tokens=_tokens(usage.get("prompt_tokens")),
+        completion_tokens=_tokens(usage.get("completion_tokens")),
+        attempts=1,
+        finish_reason=finish if isinstance(finish, str) else None,
+    )
+
+
 class LLMClient:
     """Chat completions with bounded concurrency, retries, an optional rate limit and usage accounting.
 
@@ -200,31 +264,13 @@ class LLMClient:
     async def _once(self, messages: list[dict[str, Any]]) -> Completion:
         c = self.config
         extra: dict[str, Any] = {} if c.seed is None else {"seed": c.seed}
-        try:
-            response = await self._client.chat.completions.create(
+        # httpx's timeout bounds each read, so a drip of one byte a second would never trip it: one deadline instead
+        async with asyncio.timeout(c.timeout):
+            async with self._client.chat.completions.with_streaming_response.create(
                 model=c.model, messages=messages, max_tokens=c.max_tokens, temperature=c.temperature, **extra
-            )
-        except openai.OpenAIError:
-            raise  # classified by complete()
-        except (ValueError, TypeError, KeyError, AttributeError) as err:  # a 200 whose body does not parse
-            raise RequestFailed("bad_response", f"unreadable answer: {type(err).__name__}: {err}", 1, {}) from None
-        try:
-            choice = response.choices[0]
-            text = choice.message.content or ""
-        except (AttributeError, IndexError, TypeError) as err:
-            raise RequestFailed("bad_response", f"no choices[0].message in the answer: {err}", 1, {}) from None
-        if not isinstance(text, str):
-            raise RequestFailed("bad_response", f"the answer's content is a {type(text).__name__}, not text", 1, {})
-        # a lone surrogate ("\ud83d": an emoji cut in half) is no character: U+FFFD, so the text is valid UTF-8
-        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        usage = response.usage
-        return Completion(
-            text=text,
-            prompt_tokens=_tokens(getattr(usage, "prompt_tokens", 0)),
-            completion_tokens=_tokens(getattr(usage, "completion_tokens", 0)),
-            attempts=1,
-            finish_reason=getattr(choice, "finish_reason", None),
-        )
+            ) as response:
+                body = await _read_capped(response, c.max_response_bytes)
+        return _completion(body, c.max_answer_chars)
 
     async def complete(self, messages: list[dict[str, Any]]) -> Completion:
         """One chat completion, retried as the module docstring says.
@@ -249,6 +295,9 @@ class LLMClient:
                 except openai.OpenAIError as err:
                     kind, retry_after = classify(err)
                     message = f"{type(err).__name__}: {err}"
+                except TimeoutError:
+                    kind, retry_after = "timeout", None
+                    message = f"no complete answer within the {c.timeout:g} s deadline"
                 else:
                     done.attempts, done.retried = attempt + 1, dict(retried)
                     self.stats["completions"] += 1

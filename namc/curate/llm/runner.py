@@ -8,7 +8,7 @@ arrives. Every input item ends in exactly one bucket of :class:`RunSummary`:
 - ``resumed``: finished in an earlier run (skipped);
 - ``ok``: answered (``retried_ok`` of them after at least one failed attempt);
 - ``failed``: recorded in the store with its error, by kind (``rate_limit``/``server_error``/``timeout``/
-  ``connection`` after ``max_attempts``, ``http_4xx``, ``bad_response``, or bad input: ``missing_image``,
+  ``connection`` after ``max_attempts``, ``http_4xx``, ``bad_response``, ``too_long``, or bad input: ``missing_image``,
   ``corrupt_image``, ``oversized_image``, ``missing_field``, or ``bad_input`` for any other error while building
   the request);
 - ``skipped``: input lines that are not items (``malformed_line``, ``duplicate_id``), by kind; not in the store.
@@ -19,7 +19,6 @@ so ``resumed + ok + failed + skipped`` equals the number of input lines (:meth:`
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -32,6 +31,7 @@ from tqdm.auto import tqdm
 from namc.curate.llm.client import ClientConfig, LLMClient, RequestFailed
 from namc.curate.llm.images import BadInput
 from namc.curate.llm.store import ResultStore
+from namc.jsonl import loads
 
 __all__ = ["Job", "RunSummary", "run_jobs"]
 
@@ -228,11 +228,10 @@ def read_jsonl_objects(
                 continue
             summary.lines += 1
             try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-                obj = json.loads(line)
+                obj = loads(raw)  # bounded: depth, length, duplicate keys; a byte-order mark is dropped
                 if not isinstance(obj, dict) or not isinstance(obj.get(id_field), str) or not obj[id_field].strip():
                     raise ValueError(f"not a JSON object with a string {id_field!r}")
-            except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            except ValueError as err:  # JSONError (not UTF-8, not JSON, too deep or long) is a ValueError
                 summary.skipped["malformed_line"] += 1
                 logger.warning("%s line %d: skipped: %s", path, number, str(err)[:200])
                 continue

@@ -15,14 +15,13 @@ Memory: only the ids are kept (plus the ids of failed items), not the results, s
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from namc.data.jsonl import json_line
+from namc.jsonl import JSONError, json_line, loads
 
 __all__ = ["ResultStore", "atomic_write_text", "iter_results", "last_results", "read_at"]
 
@@ -54,9 +53,11 @@ def _complete_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
 
 
 def _decode(raw: bytes, id_field: str) -> dict[str, Any] | None:
+    """The result object of one line; None where it is not one (not UTF-8 or JSON, nested or long past the bounded
+    reader's limits, a duplicate key, no string id or no status)."""
     try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        obj = loads(raw)
+    except JSONError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get(id_field), str) or "status" not in obj:
         return None
@@ -87,10 +88,17 @@ def last_results(path: str | Path, id_field: str = "id") -> tuple[dict[str, int]
     return where, corrupt
 
 
-def read_at(f: Any, offset: int) -> dict[str, Any]:
-    """The result on the line at ``offset`` of an open binary file."""
+def read_at(f: Any, offset: int, id_field: str = "id") -> dict[str, Any]:
+    """The result on the line at ``offset`` of an open binary file (one :func:`last_results` found valid).
+
+    Raises:
+        ValueError: the line is no longer a result object (the file changed between the two passes).
+    """
     f.seek(offset)
-    return json.loads(f.readline())
+    obj = _decode(f.readline(), id_field)
+    if obj is None:
+        raise ValueError(f"{getattr(f, 'name', 'results file')}: the line at byte {offset} is no longer a result")
+    return obj
 
 
 class ResultStore:

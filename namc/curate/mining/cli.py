@@ -14,6 +14,7 @@ rewritten relative to the output's folder. A pair whose key has no line there is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,8 +29,9 @@ from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.features import FeaturesError, load_features, read_meta
 from namc.curate.mining.candidates import Thresholds
 from namc.curate.mining.pipeline import MiningConfig, Pair, mine_pairs
-from namc.data.jsonl import json_line
 from namc.data.refs import rebase_ref
+from namc.jsonl import JSONError, json_line, loads
+from namc.locks import LockedError, output_lock
 
 __all__ = ["build_parser", "main", "write_pairs"]
 
@@ -104,11 +106,11 @@ def _image_lines(images: Path, wanted: set[str]) -> tuple[dict[str, dict[str, An
     with open(images, "rb") as f:
         for raw in f:
             try:
-                obj = json.loads(raw.decode("utf-8"))
+                obj = loads(raw)  # bounded (depth, length, duplicate keys); a byte-order mark is dropped
                 key, image = obj["key"], obj["image"]
                 if not isinstance(key, str) or not isinstance(image, str) or not image.strip():
                     raise TypeError("a line needs a string 'key' and a non-empty string 'image'")
-            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            except (JSONError, KeyError, TypeError):
                 bad += 1
                 continue
             if key in wanted and key not in found:
@@ -151,6 +153,7 @@ def write_pairs(pairs: list[Pair], keys: list[str], images: Path, out: Path) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    held = contextlib.ExitStack()
     try:
         args = parse_with_config(build_parser(), argv, "pairs")
         work: Path = args.workdir
@@ -188,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers,
             assign_labels=args.assign_labels,
         )
+        held.enter_context(output_lock(out.parent, "namc curate pairs"))  # one run writes a folder's pairs at a time
         t0 = time.perf_counter()
         keys, clip, dino, unaligned = _aligned(clip_dir, dino_dir, args.allow_missing_shards)
         load_s = time.perf_counter() - t0
@@ -203,9 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary.update(pairs_written=n, keys_in_one_encoder_only=unaligned, out=str(out), **dropped)
         summary_path = out.with_name("pairs_summary.json")
         summary_path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    except (FeaturesError, FileNotFoundError, ValueError) as err:
+    except (FeaturesError, FileNotFoundError, ValueError, LockedError) as err:
         print(f"namc curate pairs: {err}", file=sys.stderr)
         return 1
+    finally:
+        held.close()
     print(
         f"{summary['images']} images, {summary['images_with_candidates']} with candidates "
         f"({summary['candidates']} candidates), {n} pairs -> {out} (summary: {summary_path})"

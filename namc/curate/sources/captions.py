@@ -9,10 +9,10 @@ dict of strings: about 1 GB for 3M paragraph captions).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from namc.data.issues import DataIssues, IssueKind
+from namc.jsonl import JSONError, loads
 
 __all__ = ["read_captions"]
 
@@ -29,8 +29,8 @@ def read_captions(path: str | Path, issues: DataIssues) -> dict[str, str]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                obj = loads(raw)  # bounded (depth, length, duplicate keys); a byte-order mark is dropped
+            except JSONError as err:
                 issues.add(IssueKind.MALFORMED_LINE, where, f"not a UTF-8 JSON line: {err}")
                 continue
             if (

@@ -8,7 +8,10 @@
   README ("output_format ... webdataset") and NVIDIA NeMo Curator's WebDataset page, which documents that exact
   layout for img2dataset output. Read with the ``webdataset`` package (``wds.WebDataset``, no decoding, shards in
   order); an unreadable or truncated shard is counted as ``corrupt_shard`` (what it yielded before the damage is
-  kept), a sample without an image as ``incomplete_sample``. Images are references ``SHARD.tar::KEY.jpg``; key
+  kept), a sample without an image as ``incomplete_sample``. A member header that declares more bytes than the
+  file holds (``2**60``) is damage too: the shard's headers are checked first, and the reader is given only the
+  bytes before that member (Python's tar stream reader would otherwise skip those bytes block by block, CPU-bound,
+  for hours). Images are references ``SHARD.tar::KEY.jpg``; key
   ``cc3m/KEY``; the caption is ``KEY.txt`` (else ``caption`` of ``KEY.json``).
 - **Folder + TSV** (``kind: image_tsv``; root = the image folder, ``tsv`` = the captions file). Each line
   ``IMAGE<TAB>CAPTION`` with ``IMAGE`` a path relative to root; a first line whose first field is ``image``,
@@ -19,17 +22,19 @@
 from __future__ import annotations
 
 import glob
-import json
+import io
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import webdataset as wds
+from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from namc.curate.sources.base import ImageItem, SourceSpec, register_source
 from namc.data.issues import DataIssues, IssueKind
 from namc.data.refs import tar_ref
+from namc.jsonl import JSONError, loads
 
 __all__ = ["read_image_tsv", "read_webdataset", "shard_urls"]
 
@@ -58,26 +63,66 @@ def shard_urls(root: str) -> list[str]:
 def _caption(sample: dict[str, Any]) -> str | None:
     txt = sample.get("txt")
     if isinstance(txt, bytes):
-        text = txt.decode("utf-8", errors="replace").strip()
+        text = txt.decode("utf-8-sig", errors="replace").strip()
         if text:
             return text
     meta = sample.get("json")
     if isinstance(meta, bytes):
         try:
-            cap = json.loads(meta.decode("utf-8")).get("caption")
-        except (UnicodeDecodeError, ValueError, AttributeError):
+            cap = loads(meta).get("caption")
+        except (JSONError, AttributeError):
             return None
         return cap.strip() if isinstance(cap, str) and cap.strip() else None
     return None
 
 
-def _member_names(url: str) -> dict[str, str]:
-    """``{lower-cased member name: member name}`` of a tar shard (headers only; {} where they do not read)."""
+class _Prefix(io.RawIOBase):
+    """The first ``limit`` bytes of a binary file, as a readable stream (EOF after them)."""
+
+    def __init__(self, f: Any, limit: int) -> None:
+        self._f, self._left = f, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size is None or size < 0 else min(size, self._left)
+        data = self._f.read(size)
+        self._left -= len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _scan_headers(url: str) -> tuple[dict[str, str], int, str | None]:
+    """``({lower-cased member name: member name}, intact bytes, damage)`` of a tar shard, from its headers only.
+
+    ``intact bytes`` ends before the first member whose data would run past the end of the file (``damage`` says
+    which), else it is the file's size; headers that do not read leave the names found so far and the whole file to
+    the reader, which reports that damage itself.
+    """
+    size = os.path.getsize(url)
+    names: dict[str, str] = {}
     try:
-        with tarfile.open(url) as tar:
-            return {name.lower(): name for name in tar.getnames()}
+        with tarfile.open(url, "r:") as tar:
+            for member in tar:  # random access: the next header is a seek away, never a read through the data
+                if member.offset_data + member.size > size:
+                    damage = f"member {member.name!r} declares {member.size:,} bytes past the end of the file"
+                    return names, member.offset, damage
+                names[member.name.lower()] = member.name
     except (tarfile.TarError, OSError):
-        return {}
+        pass
+    return names, size, None
+
+
+def _shard_samples(url: str, limit: int, handler: Any) -> Iterator[dict[str, Any]]:
+    """webdataset's samples of the first ``limit`` bytes of a shard (its tar expander and key grouping)."""
+    with open(url, "rb") as f:
+        files = tar_file_expander([{"url": url, "stream": _Prefix(f, limit)}], handler=handler)
+        yield from group_by_keys(files, handler=handler)
 
 
 @register_source("webdataset")
@@ -93,9 +138,8 @@ def read_webdataset(spec: SourceSpec, issues: DataIssues) -> Iterator[ImageItem]
             damaged.append(f"{type(exn).__name__}: {exn}")
             return True  # keep what was read; webdataset goes on with the next shard (there is none)
 
-        dataset = wds.WebDataset([url], shardshuffle=False, handler=handler, empty_check=False)
-        members = _member_names(url)
-        for sample in dataset:
+        members, intact, damage = _scan_headers(url)
+        for sample in _shard_samples(url, intact, handler):
             key = sample.get("__key__")
             ext = next((e for e in _IMAGE_EXTS if isinstance(sample.get(e), bytes)), None)
             if not isinstance(key, str) or ext is None:
@@ -108,7 +152,9 @@ def read_webdataset(spec: SourceSpec, issues: DataIssues) -> Iterator[ImageItem]
                 caption=_caption(sample),
                 data=sample[ext],
             )
-        if damaged:  # webdataset reports one failure at each stage it passes through: one shard, one count
+        if damage is not None:
+            issues.add(IssueKind.CORRUPT_SHARD, url, f"unreadable from here on (what came before kept): {damage}")
+        elif damaged:  # webdataset reports one failure at each stage it passes through: one shard, one count
             issues.add(IssueKind.CORRUPT_SHARD, url, f"unreadable from here on (what came before kept): {damaged[0]}")
 
 
@@ -126,7 +172,7 @@ def read_image_tsv(spec: SourceSpec, issues: DataIssues) -> Iterator[ImageItem]:
         for line_no, raw in enumerate(f, 1):
             where = f"{tsv}:{line_no}"
             try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as err:
                 issues.add(IssueKind.MALFORMED_LINE, where, f"not UTF-8: {err}")
                 continue

@@ -41,7 +41,7 @@ def read_image_folder(spec: SourceSpec, issues: DataIssues) -> Iterator[ImageIte
         txt = path.with_suffix(".txt")
         if txt.is_file():
             try:
-                caption = txt.read_text(encoding="utf-8").strip() or None
+                caption = txt.read_text(encoding="utf-8-sig").strip() or None
             except (OSError, UnicodeDecodeError) as err:
                 issues.add(IssueKind.MALFORMED_LINE, str(txt), f"caption not read: {err}", n=0)
         yield ImageItem(key=f"{spec.name}/{rel}", ref=str(path.absolute()), caption=caption)

@@ -22,7 +22,6 @@ Two published forms, both read here:
 from __future__ import annotations
 
 import glob
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import pyarrow.parquet as pq
 from namc.curate.sources.base import PairItem, SourceSpec, register_source
 from namc.data.issues import DataIssues, IssueKind
 from namc.data.refs import parquet_ref
+from namc.jsonl import JSONError, loads
 
 __all__ = ["PARQUET_COLUMNS", "read_ip2p_folder", "read_ip2p_parquet"]
 
@@ -42,11 +42,11 @@ PARQUET_COLUMNS = ("original_prompt", "original_image", "edit_prompt", "edited_p
 
 def _read_prompt(path: Path, issues: DataIssues) -> dict[str, str] | None:
     try:
-        prompt = json.loads(path.read_bytes().decode("utf-8"))
+        prompt = loads(path.read_bytes())
     except FileNotFoundError:
         issues.add(IssueKind.MALFORMED_LINE, str(path), "prompt.json missing")
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, JSONError) as err:
         issues.add(IssueKind.MALFORMED_LINE, str(path), f"not a UTF-8 JSON file: {err}")
         return None
     if not isinstance(prompt, dict) or not all(isinstance(prompt.get(k), str) for k in ("input", "edit", "output")):
@@ -59,7 +59,7 @@ def _folder_seeds(root: Path, issues: DataIssues) -> Iterator[tuple[str, list[st
     seeds_file = root / "seeds.json"
     if seeds_file.is_file():
         try:
-            seeds = json.loads(seeds_file.read_text(encoding="utf-8"))
+            seeds = loads(seeds_file.read_bytes())
             entries = [(str(name), [str(s) for s in ss]) for name, ss in seeds]
         except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:
             raise ValueError(f"{seeds_file}: expected [[folder, [seed, ...]], ...]: {err}") from None

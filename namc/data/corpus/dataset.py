@@ -18,7 +18,6 @@ earlier line's id is skipped as ``duplicate_id``; so a manifest and the shards p
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -46,10 +45,12 @@ from namc.data.corpus.targets import read_targets
 from namc.data.issues import DataIssues, IssueKind
 from namc.data.refs import read_ref
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTransform
+from namc.jsonl import JSONError, loads
 
 __all__ = ["CorpusDataset"]
 
 _TARGETS = "\x00targets"  # a sample's precomputed (codes, grids) ride in its tar group under this key
+_TAKEN = "\x00taken"  # a shard sample whose id an earlier sample of this reader took: where that one is
 
 
 class _DuplicateLine(str):
@@ -221,12 +222,24 @@ class CorpusDataset(IterableDataset):
                 yield f"{path}:{line_no}", (line if first is None else _DuplicateLine(line, first))
 
     def _raw_shards(self, shards: list[Path]) -> Iterator[tuple[str, Any]]:
+        """The reader's shard samples; one whose record id an earlier sample took (two packs of one manifest, a
+        shard copied twice) is marked, and :meth:`decode` skips it as ``duplicate_id``, as a manifest's repeated id.
+
+        Ids are compared across the shards of this reader (a shard's own repeated keys are dropped by
+        :func:`iter_tar_groups`); readers share no state, so a repeat dealt to another reader is not seen here.
+        """
         sizes = shard_sizes(shards)
+        first: dict[str, str] = {}
         for shard in shards:
             targets = read_targets(shard, self.transform.image_size) if self.precomputed else None
             for key, group in iter_tar_groups(shard, self.issues, sizes.get(shard)):
+                where = f"{shard}:{key}"
                 found = targets.get(key) if targets is not None else None
-                yield f"{shard}:{key}", ({**group, _TARGETS: found} if found is not None else group)
+                unit = {**group, _TARGETS: found} if found is not None else group
+                rid = _record_id(group)
+                if rid is not None and first.setdefault(rid, where) != where:
+                    unit = {**unit, _TAKEN: first[rid]}
+                yield where, unit
 
     def keep(self, rec: CorpusRecord) -> bool:
         """Whether the record is in the selected subset (``sources``, ``fraction``)."""
@@ -299,18 +312,20 @@ class CorpusDataset(IterableDataset):
         }
 
     @staticmethod
-    def _shard_parts(group: dict[str, bytes]) -> tuple[tuple[bytes, bytes], bytes | None, CorpusRecord]:
+    def _shard_parts(group: dict[str, Any]) -> tuple[tuple[bytes, bytes], bytes | None, CorpusRecord]:
         if "json" not in group:
             raise RecordError(IssueKind.INCOMPLETE_SAMPLE, f"no .json member (members: {sorted(group)})")
         try:
-            obj = json.loads(group["json"])
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise RecordError(IssueKind.MALFORMED_LINE, f"invalid JSON: {err}") from None
+            obj = loads(group["json"])
+        except JSONError as err:  # invalid, not UTF-8, too deep, a duplicate key
+            raise RecordError(IssueKind.MALFORMED_LINE, f"json member: {err}") from None
         rec = parse_record(obj, with_paths=False)
         img1 = next((v for k, v in group.items() if k.startswith("1.")), None)
         img2 = next((v for k, v in group.items() if k.startswith("2.")), None)
         if img1 is None or img2 is None:
             raise RecordError(IssueKind.INCOMPLETE_SAMPLE, f"missing image member (members: {sorted(group)})")
+        if _TAKEN in group:  # a usable copy of a sample already read: its own defects are counted first
+            raise RecordError(IssueKind.DUPLICATE_ID, f"id {rec.id!r} is taken by {group[_TAKEN]}")
         return (img1, img2), group.get("codes.npy"), rec
 
     def count(self) -> int:
@@ -321,6 +336,16 @@ class CorpusDataset(IterableDataset):
         return sum(
             sizes[p] if p in sizes else sum(1 for _ in iter_tar_groups(p, DataIssues("count"))) for p in self.paths
         )
+
+
+def _record_id(group: dict[str, bytes]) -> str | None:
+    """The ``id`` of a shard sample's json member (None when it has none or does not parse: decoding reports it)."""
+    try:
+        obj = loads(group["json"])
+    except (KeyError, JSONError):
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) and rid.strip() else None
 
 
 def _buffer_shuffle(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:

@@ -44,6 +44,7 @@ from namc.data.corpus.targets import TARGET_FILES, targets_path
 from namc.data.issues import IssueKind
 from namc.data.refs import read_ref, ref_ext
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, open_image
+from namc.jsonl import JSONError, loads
 
 __all__ = ["PackReport", "pack_corpus"]
 
@@ -152,9 +153,9 @@ def _write_shard(
 
 def _read_sidecar(path: Path) -> dict[str, Any] | None:
     try:
-        side = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+        side = loads(path.read_bytes())
+    except (OSError, JSONError):
+        return None  # rewritten with its shard
     return side if isinstance(side, dict) and "samples" in side else None
 
 
@@ -219,8 +220,7 @@ def _write_index(out: Path, manifest: Path, shard_size: int, report: PackReport)
         "manifest": str(manifest),
         "shard_size": shard_size,
         "shards": [
-            {"file": s, "samples": json.loads((out / s).with_suffix(".json").read_text())["samples"]}
-            for s in report.shards
+            {"file": s, "samples": loads((out / s).with_suffix(".json").read_bytes())["samples"]} for s in report.shards
         ],
         "samples": report.n_samples,
         "lines": report.n_lines,

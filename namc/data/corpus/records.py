@@ -23,7 +23,6 @@ line is usable.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from namc.data.issues import IssueKind, RecordError
-from namc.data.jsonl import json_line
 from namc.data.transforms import ImageTooLargeError
+from namc.jsonl import JSONError, json_line, loads
 from namc.text.template import TemplateError, normalize_whitespace, parse
 
 __all__ = [
@@ -240,14 +239,15 @@ def parse_line(line: str) -> Any:
     """The decoded JSON value of one manifest line (validate it with :func:`parse_record`).
 
     Raises:
-        RecordError: ``malformed_line``: the line is not UTF-8 (an :class:`UndecodableLine`) or not JSON.
+        RecordError: ``malformed_line``: the line is not UTF-8 (an :class:`UndecodableLine`), not JSON, nested
+            deeper than :data:`namc.jsonl.MAX_DEPTH`, or an object naming one key twice.
     """
     if isinstance(line, UndecodableLine):
         raise RecordError(IssueKind.MALFORMED_LINE, line.reason)
     try:
-        return json.loads(line)
-    except json.JSONDecodeError as err:
-        raise RecordError(IssueKind.MALFORMED_LINE, f"invalid JSON: {err}") from None
+        return loads(line)
+    except JSONError as err:  # invalid, too deep, too long, or a key given twice
+        raise RecordError(IssueKind.MALFORMED_LINE, str(err)) from None
 
 
 def duplicate_lines(path: str | Path) -> dict[int, int]:

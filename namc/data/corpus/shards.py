@@ -25,17 +25,21 @@ Accounting for a damaged shard (:func:`iter_tar_groups`), exactly:
   dataset rejects, e.g. ``incomplete_sample``, are counted there, never twice). Without either file the tail after
   the break is unknowable: the count is the one open sample dropped (0 or 1) and the reason says "at least".
 - A shard that breaks without losing a sample is still reported (an example with ``n = 0``), so the damage shows.
+- A member over :data:`namc.data.tars.MAX_MEMBER_BYTES` is a break like a short member: no header's size is
+  trusted (:mod:`namc.data.tars`).
+- A sample or member that appears twice in one shard is skipped after its first copy and counted as
+  ``duplicate_id`` (the first copy is what the shard's index counts).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from namc.data.issues import DataIssues, IssueKind
+from namc.data.tars import MAX_MEMBER_BYTES, TarReadError, iter_tar_files
+from namc.jsonl import JSONError, loads
 
 __all__ = ["INDEX_FILE", "SHARD_PATTERN", "is_complete", "iter_tar_groups", "list_shards", "shard_sizes"]
 
@@ -51,13 +55,13 @@ def _read_index(folder: Path) -> list[dict] | None:
     if not index.exists():
         return None
     try:
-        entries = json.loads(index.read_bytes().decode("utf-8"))["shards"]
+        entries = loads(index.read_bytes())["shards"]
         if not isinstance(entries, list) or not all(isinstance(e, dict) and "file" in e for e in entries):
             raise TypeError("'shards' must be a list of {file, samples} entries")
         return entries
-    except json.JSONDecodeError as err:
-        problem = f"invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}"
-    except (OSError, UnicodeDecodeError, KeyError, TypeError) as err:
+    except JSONError as err:  # invalid, not UTF-8, too deep, a duplicate key
+        problem = str(err)
+    except (OSError, KeyError, TypeError) as err:
         problem = f"{type(err).__name__}: {err}"
     logger.warning(
         "%s is unreadable (%s): reading the folder's *.tar in sorted order, sample counts from the shards' sidecars; "
@@ -88,8 +92,8 @@ def _sidecar_size(shard: Path) -> int | None:
     if side.name == INDEX_FILE or not side.is_file():
         return None
     try:
-        samples = json.loads(side.read_bytes().decode("utf-8")).get("samples")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        samples = loads(side.read_bytes()).get("samples")
+    except (OSError, JSONError, AttributeError):
         return None
     return samples if isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0 else None
 
@@ -117,21 +121,6 @@ def is_complete(group: dict[str, bytes]) -> bool:
     return "json" in group and any(k.startswith("1.") for k in group) and any(k.startswith("2.") for k in group)
 
 
-def _check_tar_end(path: Path, offset: int) -> str:
-    """ "" if the archive ends with its end-of-archive marker (two zero blocks) after ``offset``, else the problem.
-
-    tarfile stops silently at a truncated header, so a shard cut at a member boundary would lose its tail unnoticed.
-    """
-    size = path.stat().st_size
-    if size - offset < 2 * tarfile.BLOCKSIZE:
-        return f"no end-of-archive marker after byte {offset} (file has {size} bytes): truncated"
-    with open(path, "rb") as f:
-        f.seek(offset)
-        if f.read(2 * tarfile.BLOCKSIZE).strip(b"\0"):
-            return f"unreadable data after byte {offset}: truncated or corrupt header"
-    return ""
-
-
 def _split_name(name: str) -> tuple[str, str] | None:
     """``"dir/000001.1.png"`` -> ``("dir/000001", "1.png")``; None for a member without an extension."""
     base = name.rsplit("/", 1)[-1]
@@ -141,45 +130,70 @@ def _split_name(name: str) -> tuple[str, str] | None:
     return name[: len(name) - len(base)] + k, ext
 
 
+class _Samples:
+    """Groups a shard's members into samples (consecutive members sharing a key); a repeat is skipped and counted.
+
+    A member name seen before in the open sample, or a key whose sample already closed, is a repeat (a tar
+    appended to, or two packs written into one file): the first copy is kept, so a repeated member never replaces
+    the image the sample was packed with, and each repeated key counts once as ``duplicate_id``.
+    """
+
+    def __init__(self, path: Path, issues: DataIssues) -> None:
+        self.path, self.issues = path, issues
+        self.key: str | None = None
+        self.group: dict[str, bytes] = {}
+        self._closed: set[str] = set()
+        self._counted: set[str] = set()
+
+    def add(self, key: str, ext: str, data: bytes) -> tuple[str, dict[str, bytes]] | None:
+        """Adds one member; returns the sample it closed, if any."""
+        if key == self.key:
+            if ext in self.group:
+                self._repeat(key, f"member {key}.{ext} appears twice in the shard")
+            else:
+                self.group[ext] = data
+            return None
+        if key in self._closed:
+            self._repeat(key, f"sample {key} appears again after other samples")
+            return None
+        closed = (self.key, self.group) if self.key is not None else None
+        if self.key is not None:
+            self._closed.add(self.key)
+        self.key, self.group = key, {ext: data}
+        return closed
+
+    def _repeat(self, key: str, detail: str) -> None:
+        if key not in self._counted:
+            self._counted.add(key)
+            self.issues.add(IssueKind.DUPLICATE_ID, f"{self.path}:{key}", f"{detail}; the repeat is skipped")
+
+
 def iter_tar_groups(
-    path: Path, issues: DataIssues, expected: int | None = None
+    path: Path, issues: DataIssues, expected: int | None = None, max_member_bytes: int = MAX_MEMBER_BYTES
 ) -> Iterator[tuple[str, dict[str, bytes]]]:
     """Yields ``(key, {ext: bytes})`` for consecutive members sharing a key.
 
-    A shard that fails to read, has a short member, lacks its end-of-archive marker, or yields fewer samples than
-    ``expected`` (its ``index.json`` or sidecar count) is reported as one ``corrupt_shard`` issue whose ``n`` is
-    the number of samples lost, by the rule in the module docstring.
+    A shard that fails to read, has a short member or one over ``max_member_bytes`` (read through
+    :func:`namc.data.tars.iter_tar_files`, which never trusts a header's size), lacks its end-of-archive marker, or
+    yields fewer samples than ``expected`` (its ``index.json`` or sidecar count) is reported as one ``corrupt_shard``
+    issue whose ``n`` is the number of samples lost, by the rule in the module docstring. A repeated sample or member
+    is skipped and counted as ``duplicate_id`` (:class:`_Samples`).
     """
-    key: str | None = None
-    group: dict[str, bytes] = {}
+    samples = _Samples(path, issues)
     n_yielded = 0
     error = ""
-    in_member = False  # a member's data is being read: a break now cuts the open sample
+    at_boundary = True  # the open sample's members, if any, were all read whole
     try:
-        with tarfile.open(path, mode="r|") as tar:
-            for member in tar:
-                parts = _split_name(member.name) if member.isfile() else None
-                if parts is None:
-                    continue
-                k, ext = parts
-                if k != key:
-                    if key is not None:  # the previous sample is closed: a member of the next key has started
-                        n_yielded += 1
-                        yield key, group
-                    key, group = k, {}
-                in_member = True
-                f = tar.extractfile(member)
-                data = f.read() if f is not None else b""
-                if len(data) != member.size:
-                    error = f"member {member.name} is truncated ({len(data)} of {member.size} bytes)"
-                    break
-                group[ext] = data
-                in_member = False
-            else:
-                error = _check_tar_end(path, tar.offset)
-    except (tarfile.TarError, OSError, EOFError) as err:
+        for name, data in iter_tar_files(path, max_member_bytes=max_member_bytes):
+            parts = _split_name(name)
+            if parts is not None and (closed := samples.add(*parts, data)) is not None:
+                n_yielded += 1
+                yield closed
+    except TarReadError as err:
+        error, at_boundary = str(err), err.at_boundary
+    except OSError as err:
         error = f"{type(err).__name__}: {err}"
-    at_boundary = not in_member  # the open sample's members, if any, were all read whole
+    key, group = samples.key, samples.group
     if key is not None and (not error or (at_boundary and is_complete(group))):
         n_yielded += 1
         key_open = False

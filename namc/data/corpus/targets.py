@@ -21,13 +21,14 @@ the shard. Targets made before shards carried a digest (``shard_digest`` null) a
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from namc.jsonl import loads
 
 __all__ = ["ShardTargets", "check_targets", "made_from", "read_targets", "shard_stamp", "targets_path"]
 
@@ -47,7 +48,7 @@ def shard_stamp(shard: Path) -> dict[str, Any]:
     (None for a shard packed before sidecars carried one, or without a readable sidecar)}``."""
     digest = None
     try:
-        side = json.loads(shard.with_suffix(".json").read_text(encoding="utf-8"))
+        side = loads(shard.with_suffix(".json").read_bytes())
         digest = side.get("tar_digest") if isinstance(side, dict) else None
     except (OSError, ValueError):
         pass
@@ -90,7 +91,7 @@ def read_targets(shard: Path, image_size: int | None) -> ShardTargets | None:
     if not meta_path.is_file():
         return None
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = loads(meta_path.read_bytes())
         keys = meta["keys"]
         codes = np.load(targets_path(shard, "codes.npy"), mmap_mode="r", allow_pickle=False)
         grids = None
@@ -167,9 +168,11 @@ def check_targets(
         if not meta_path.is_file():
             continue
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = loads(meta_path.read_bytes())
         except (OSError, ValueError):
             continue  # read_targets warns about it and the encoders compute that shard's targets
+        if not isinstance(meta, dict):
+            continue
         found += 1
         codes, grids = meta.get("codes") or {}, meta.get("grids")
         checks = [

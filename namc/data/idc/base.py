@@ -21,7 +21,6 @@ well and then fails, its file changed, moves from accepted to skipped and is log
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -34,6 +33,7 @@ from torch.utils.data import Dataset
 
 from namc.data.issues import DataIssues, IssueKind
 from namc.data.transforms import MAX_IMAGE_PIXELS, ImageTooLargeError, ImageTransform, open_image
+from namc.jsonl import JSONError, loads
 
 __all__ = [
     "NO_CHANGE",
@@ -60,8 +60,9 @@ class AnnotationError(ValueError):
 
 
 def load_json(path: Path) -> Any:
-    """The decoded JSON file; FileNotFoundError if absent, :class:`AnnotationError` naming the position if it is not
-    UTF-8 or not JSON."""
+    """The decoded JSON file; FileNotFoundError if absent, :class:`AnnotationError` naming the file (and the position)
+    if it is not UTF-8, not JSON, nested deeper than :data:`namc.jsonl.MAX_DEPTH` or holds an object naming one
+    key twice."""
     if not path.exists():
         raise FileNotFoundError(f"annotation file not found: {path}")
     raw = path.read_bytes()
@@ -74,9 +75,9 @@ def load_json(path: Path) -> Any:
             f"{path}: not UTF-8: byte 0x{raw[err.start]:02x} at line {line}, column {column}: save the file as UTF-8"
         ) from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise AnnotationError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+        return loads(text, max_chars=None)  # a whole annotation file: its size is the dataset's; depth is bounded
+    except JSONError as err:  # invalid, too deep, or an entry naming one key twice
+        raise AnnotationError(f"{path}: {err}") from None
 
 
 def image_number(name: Any, path: Path) -> int:

@@ -16,21 +16,27 @@ from pathlib import Path
 from typing import Any
 
 from namc.eval.captions.metrics import few_ids
+from namc.jsonl import JSONError, loads
 
 __all__ = ["load_predictions", "load_references", "load_types", "write_results"]
 
 
 def _load_json(path: str) -> Any:
-    """Parse a JSON file; a malformed or unreadable one is a ``ValueError`` naming the file (and line)."""
+    """Parse a JSON file through the bounded reader (:func:`namc.jsonl.loads`: depth, duplicate keys); a
+    malformed, too deep or unreadable one is a ``ValueError`` naming the file (and line)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from err
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from err
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from err
+        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from None
+    try:
+        return loads(text, max_chars=None)
+    except JSONError as err:
+        raise ValueError(f"{path}: malformed JSON: {err}") from None
 
 
 def load_predictions(path: str) -> dict[str, str]:

@@ -8,7 +8,7 @@
 - **The naive decoder** (:mod:`.baselines`) and **the CLIP4IDC peer** (:mod:`.clip4idc`: its published
   architecture, 173.7M parameters, random weights) in the same process, on the same inputs and length, the peer's
   calls interleaved with namc's; the speed-ups, and whether the naive decoder produced the same ids.
-- **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.models.precision`), ``torch.compile`` of
+- **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.backends.precision`), ``torch.compile`` of
   the decoding step, and decoding over a shortlist of tokens (``shortlist``: random ids for namc and the peer
   alike, or a fine-tuned model's own list).
 - **Dense matmul throughput** of the machine (:mod:`.machine`) and the **decode FLOP efficiency**: analytic decoder

@@ -6,7 +6,7 @@ CPU threads: OpenMP's default lets idle worker threads spin. On a machine shared
 ``OMP_WAIT_POLICY=PASSIVE`` (docs/performance.md). ``--omp-wait-policy passive`` re-runs the harness in a child process
 with it set (OpenMP reads it only when torch loads; options are parsed and checked without torch, so the parent process
 never loads it); every report records the threading variables in ``machine.env``. Under it, namc and the peer alike run
-products too small to pay for waking a second thread on one (:mod:`namc.models.threads`).
+products too small to pay for waking a second thread on one (:mod:`namc.backends.threads`).
 
 Memory: ``--allocator reuse`` first makes glibc's allocator keep freed memory for reuse
 (:func:`namc.runtime.reuse_freed_memory`, measured there); the default, ``system``, leaves it as it is.
@@ -100,12 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the fp32 or bf16 decoding step, its weights frozen in the compiled code (FDG.compile_step)",
+        help="torch.compile the fp32 or bf16 decoding step, its weights frozen in the compiled code "
+        "(FusedFDG.compile_step)",
     )
     p.add_argument(
         "--static-decode",
         action="store_true",
-        help="decode in fixed-shape steps over a static KV cache (namc.models.static_decode), on CUDA one CUDA "
+        help="decode in fixed-shape steps over a static KV cache (namc.backends.static_decode), on CUDA one CUDA "
         "graph per batch size replayed at every step; on a CPU the same steps run eagerly",
     )
     p.add_argument(

@@ -36,10 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.models import onednn
-from namc.models.layers import GELU, LayerNorm, attend_sized
-from namc.models.onednn import OneDNNLinear
-from namc.models.qlinear import DynamicLinear, int8_forms
+from namc.backends import onednn
+from namc.backends.onednn import OneDNNLinear
+from namc.backends.qlinear import DynamicLinear, int8_forms
+from namc.backends.step import InplaceGELU as GELU
+from namc.backends.step import ThreadedLayerNorm as LayerNorm
+from namc.backends.step import attend_sized
 
 __all__ = [
     "PAPER_PARAMETERS",
@@ -185,14 +187,15 @@ class _EncoderLayer(nn.Module):
 
 def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
     """A copy of the peer with every linear map converted as namc's own are for ``precision``, the attention projections
-    included (:class:`ProjectedAttention`): ``int8``, dynamic int8 layers (:class:`~namc.models.qlinear.DynamicLinear`);
-    ``bf16``, bf16 weights prepacked for oneDNN, as namc's bf16 decoding step keeps them (:meth:`FDG.pack_step
-    <namc.models.fdg.FDG.pack_step>`; a plain bf16 weight is reordered at every call); ``fp32``, oneDNN's fp32 linear
-    kernel on weights reordered once, which namc's fp32 decoding step runs (:func:`namc.models.onednn.dense`; faster
-    than ``F.linear``'s BLAS at every batch size). So the peer is measured on the same kernels as namc. On a CPU with
-    AMX the int8 peer runs its products over the visual memory in bf16 (:func:`_memory_side_to_bf16`). Where this torch
-    has no oneDNN linear kernel (or off the CPU) bf16 is plain bf16 weights and fp32 the peer itself; where oneDNN has
-    no bf16 on this CPU, bf16 is fp32, as namc's bf16 copy is there (:func:`~namc.models.onednn.bf16_supported`)."""
+    included (:class:`ProjectedAttention`): ``int8``, dynamic int8 layers
+    (:class:`~namc.backends.qlinear.DynamicLinear`); ``bf16``, bf16 weights prepacked for oneDNN, as namc's bf16
+    decoding step keeps them (:meth:`~namc.backends.step.FusedFDG.pack_step`; a plain bf16 weight is reordered at
+    every call); ``fp32``, oneDNN's fp32 linear kernel on weights reordered once, which namc's fp32 decoding step
+    runs (:func:`namc.backends.onednn.dense`; faster than ``F.linear``'s BLAS at every batch size). So the peer is
+    measured on the same kernels as namc. On a CPU with AMX the int8 peer runs its products over the visual memory in
+    bf16 (:func:`_memory_side_to_bf16`). Where this torch has no oneDNN linear kernel (or off the CPU) bf16 is plain
+    bf16 weights and fp32 the peer itself; where oneDNN has no bf16 on this CPU, bf16 is fp32, as namc's bf16 copy is
+    there (:func:`~namc.backends.onednn.bf16_supported`)."""
     on_cpu = peer.head.weight.device.type == "cpu"
     onednn_ok = on_cpu and onednn.linear_available()
     if precision == "bf16" and on_cpu and not onednn.bf16_supported():
@@ -219,12 +222,12 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
 
 def _memory_side_to_bf16(peer: CLIP4IDCPeer) -> None:
     """What the peer computes from the images alone in bf16 on oneDNN's prepacked kernel, in place: the ViT, its
-    before / after / joint embeddings and their LayerNorm (once per pair) and the cross encoder over the visual
-    memory (at every step, as CLIP4IDC decodes) and the decoder's keys / values of that memory (its queries and
-    output in dynamic int8). The int8 peer on a CPU with AMX, where namc's int8 copy runs MIR and its cross-attention
-    keys / values in bf16 (:func:`namc.models.precision.mir_in_bf16`, :meth:`FDG.pack_step
-    <namc.models.fdg.FDG.pack_step>`): on the tiles bf16 runs products of hundreds of rows faster than PyTorch's
-    dynamic int8."""
+     before / after / joint embeddings and their LayerNorm (once per pair) and the cross encoder over the visual
+     memory (at every step, as CLIP4IDC decodes) and the decoder's keys / values of that memory (its queries and
+     output in dynamic int8). The int8 peer on a CPU with AMX, where namc's int8 copy runs MIR and its cross-attention
+     keys / values in bf16 (:func:`namc.backends.precision.mir_in_bf16`, :meth:`FusedFDG.pack_step
+    `): on the tiles bf16 runs products of hundreds of rows faster than PyTorch's
+     dynamic int8."""
     for param in (peer.bef_embedding, peer.aft_embedding, peer.joint_positional_embedding):
         param.data = param.data.to(torch.bfloat16)
     bf16 = functools.partial(OneDNNLinear, dtype=torch.bfloat16)
@@ -249,9 +252,10 @@ def _convert(twin: nn.Module, linear: Callable[[torch.Tensor, torch.Tensor | Non
 
 
 def namc_norms(twin: nn.Module) -> nn.Module:
-    """``twin`` (an inference copy) with its LayerNorms and GELUs as namc's (:class:`~namc.models.layers.LayerNorm`,
-    :class:`~namc.models.layers.GELU`): the same values, on one thread where the input is small and OpenMP's idle
-    threads sleep, as namc's decoding step runs them. The decoder layers' GELU is a function; it becomes the module."""
+    """``twin`` (an inference copy) with its LayerNorms and GELUs as namc's
+    (:class:`~namc.backends.step.ThreadedLayerNorm`, :class:`~namc.backends.step.InplaceGELU`): the same values, on one
+    thread where the input is small and OpenMP's idle threads sleep, as namc's decoding step runs them. The decoder
+    layers' GELU is a function; it becomes the module."""
     for module in list(twin.modules()):
         for name, child in module.named_children():
             if type(child) in (nn.LayerNorm, open_clip.transformer.LayerNorm):  # the same maths where dtypes agree
@@ -283,7 +287,7 @@ class ProjectedAttention(nn.Module):
     """``nn.MultiheadAttention`` with its input and output projections as the linear maps ``linear(weight, bias)``
     makes: dynamic int8 for the int8 peer, oneDNN's bf16 or fp32 linear kernel for the others.
 
-    PyTorch's dynamic flow, and so :func:`~namc.models.qlinear.quantize_linears`, leaves ``nn.MultiheadAttention``
+    PyTorch's dynamic flow, and so :func:`~namc.backends.qlinear.quantize_linears`, leaves ``nn.MultiheadAttention``
     in fp32: its input projection is a bare weight and its output projection a ``NonDynamicallyQuantizableLinear``.
     In the peer those are a third of every layer's multiply-adds (four 768 x 768 or 512 x 512 maps per layer against
     the feed-forward's eight), while every attention projection of namc's int8 copy is int8: an int8 peer that kept

@@ -17,6 +17,14 @@ from typing import Any
 import torch
 
 from namc._version import __version__
+from namc.backends.precision import (
+    calibrate_int8,
+    inference_copy,
+    int8_calibration,
+    part_precisions,
+    set_int8_calibration,
+)
+from namc.backends.qlinear import int8_kernels
 from namc.eval.throughput.clip4idc import PAPER_PARAMETERS, CLIP4IDCPeer, linear_form, peer_at
 from namc.eval.throughput.inference import decoding_shortlist, random_shortlist, run_inference
 from namc.eval.throughput.machine import describe_machine, measure_matmul
@@ -30,14 +38,6 @@ from namc.eval.throughput.settings import (
 from namc.eval.throughput.training import run_training
 from namc.models.files import WeightsError
 from namc.models.namc import NAMC
-from namc.models.precision import (
-    calibrate_int8,
-    inference_copy,
-    int8_calibration,
-    part_precisions,
-    set_int8_calibration,
-)
-from namc.models.qlinear import int8_kernels
 from namc.models.registry import create_model, list_models
 from namc.models.shortlist import Shortlist
 

@@ -17,7 +17,7 @@ end-to-end (from the same pixels) calls, each interleaved with namc's call of th
 peer, namc, peer, ...) so that both see the same machine load; the speed-up is the ratio of the two medians of that
 loop. Both generate the same number of tokens per pair (``fixed`` disables [EOS] in both) at the run's precision.
 
-Precision (``settings.precision``): on a CPU every namc call runs the :func:`~namc.models.precision.inference_copy`
+Precision (``settings.precision``): on a CPU every namc call runs the :func:`~namc.backends.precision.inference_copy`
 of that precision (inputs cast to its dtype), the peer a copy converted the same way (:func:`.clip4idc.peer_at`).
 
 Length modes: with random weights, generation stops at arbitrary lengths, so ``fixed`` (the default) disables [EOS]
@@ -38,15 +38,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from namc.backends.precision import run_context
+from namc.backends.static_decode import StaticDecoder
 from namc.eval.throughput.baselines import generate_uncached
 from namc.eval.throughput.clip4idc import EOS_ID, CLIP4IDCPeer
 from namc.eval.throughput.flops import decoder_flops, fdg_shape
 from namc.eval.throughput.settings import LENGTH_MODES, SHORTLIST_OF_MODEL, BenchmarkInputError, BenchmarkSettings
 from namc.eval.throughput.timing import peak_memory, summarize, synchronize, time_calls
 from namc.models.namc import NAMC
-from namc.models.precision import run_context
 from namc.models.shortlist import Shortlist
-from namc.models.static_decode import StaticDecoder
 
 __all__ = ["decoding_shortlist", "generated_lengths", "length_mode", "random_shortlist", "run_inference"]
 

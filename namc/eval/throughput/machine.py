@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
+from namc.backends import onednn
+from namc.backends.qlinear import full_range, int8_kernels
 from namc.eval.throughput.settings import THREADING_ENV
 from namc.eval.throughput.timing import summarize, time_calls
-from namc.models import onednn
-from namc.models.qlinear import full_range, int8_kernels
 from namc.runtime import allocator_settings
 
 __all__ = ["describe_machine", "measure_matmul"]
@@ -94,7 +94,7 @@ def measure_matmul(
     than the reference. ``precision="bf16"`` times both
     in bfloat16; ``"int8"`` times the dynamic int8 linear layer the int8 decoder uses (activations quantised per
     call, as in decoding). Where oneDNN has no bf16 on this CPU, bf16 copies run in fp32
-    (:func:`~namc.models.onednn.bf16_supported`), and so does this reference.
+    (:func:`~namc.backends.onednn.bf16_supported`), and so does this reference.
     """
     if precision == "bf16" and (device.type != "cpu" or onednn.bf16_supported()):
         dtype = torch.bfloat16
@@ -104,7 +104,7 @@ def measure_matmul(
     flops = 2.0 * size**3
     backends: dict[str, Callable[[], Any]] = {"torch.mm": lambda: torch.mm(a, b)}
     if precision == "int8":
-        from namc.models.qlinear import int8_linear
+        from namc.backends.qlinear import int8_linear
 
         layer = int8_linear(b, None)
         backends = {"int8_dynamic_linear": lambda: layer(a)}

@@ -97,7 +97,7 @@ _SETTINGS = {
     "device": _field("string", "`cpu`, `cuda`, `cuda:N`"),
     "dtype": _enum(DTYPES, "half precision on CUDA only"),
     "precision": _enum(
-        PRECISIONS, "CPU inference precision of namc and the peer (`namc.models.precision`); `fp32` on CUDA"
+        PRECISIONS, "CPU inference precision of namc and the peer (`namc.backends.precision`); `fp32` on CUDA"
     ),
     "reference_precision": _enum([*PRECISIONS, None], "the CLIP4IDC peer's CPU precision (null: `precision`)"),
     "int8_grid": _enum(
@@ -140,8 +140,8 @@ _GPU = {
 }
 _CPU_KERNELS = {
     "capability": _field("string", "`torch.backends.cpu.get_cpu_capability()`: `AVX2`, `AVX512`, ..."),
-    "onednn_bf16": _field("boolean", "oneDNN runs bf16 (`namc.models.onednn.bf16_supported`), else bf16 runs fp32"),
-    "int8_activation_bits": _enum([7, 8], "8 with VNNI (`namc.models.qlinear.full_range`), else 7"),
+    "onednn_bf16": _field("boolean", "oneDNN runs bf16 (`namc.backends.onednn.bf16_supported`), else bf16 runs fp32"),
+    "int8_activation_bits": _enum([7, 8], "8 with VNNI (`namc.backends.qlinear.full_range`), else 7"),
 }
 _MACHINE = {
     "env": {
@@ -171,7 +171,7 @@ _MACHINE = {
     "mkldnn": _field("boolean", "torch's oneDNN (MKL-DNN) is available"),
     "int8_kernels": _enum(
         ["quantized", "plain"],
-        "the kernels int8 layers run on here (`namc.models.qlinear.int8_kernels`): PyTorch's quantised dtypes, or "
+        "the kernels int8 layers run on here (`namc.backends.qlinear.int8_kernels`): PyTorch's quantised dtypes, or "
         "plain int8 / uint8 tensors into oneDNN's int8 linear (a torch without quantised dtypes, or "
         "`NAMC_INT8_KERNELS=plain`)",
     ),
@@ -213,8 +213,8 @@ _MODEL = {
     "memory_positions": _field("integer", "N, grid positions per image (196 at 224 px)"),
     "part_precisions": _object(
         {part: _enum(PRECISIONS, f"what {part} ran in") for part in ("grid", "mir", "decoder", "vocabulary")},
-        "`namc.models.precision.part_precisions`: `decoder` FDG's largest layer matrices, `vocabulary` its projection; "
-        "a bf16 or int8 copy keeps a narrow model's small matrices in fp32, int8 an uncalibrated grid",
+        "`namc.backends.precision.part_precisions`: `decoder` FDG's largest layer matrices, `vocabulary` its "
+        "projection; a bf16 or int8 copy keeps a narrow model's small matrices in fp32, int8 an uncalibrated grid",
     ),
     "shortlist": _object(
         {

@@ -83,11 +83,11 @@ _MEASUREMENT = """\
 [EOS] as in real use, and a row's tokens are counted up to and including its first [EOS] (`max_new_tokens` when it
 produced none). Every inference and reference entry repeats the `length_mode` it used.
 
-**Precision.** `precision` `bf16` / `int8` (CPU): namc runs `namc.models.precision.inference_copy(model,
+**Precision.** `precision` `bf16` / `int8` (CPU): namc runs `namc.backends.precision.inference_copy(model,
 precision)` (BatchNorm folded; bf16 weights, or dynamic int8 linear layers), the peer a copy converted the same way,
 and `matmul` is measured in that precision (`int8`: the dynamic int8 linear layer), so `flops.efficiency` compares
 with the GEMM rate of the precision the decoder runs in. With `int8` and `int8_grid` `static` (the default) the grid's
-ResNet blocks run in static int8 (`namc.models.precision.calibrate_int8`, calibrated on 16 synthetic images of the
+ResNet blocks run in static int8 (`namc.backends.precision.calibrate_int8`, calibrated on 16 synthetic images of the
 run's seed: scales change no timing). `model.part_precisions` says what each part ran in: a bf16 or int8 copy keeps
 a narrow model's small matrices in fp32 (namc_base runs every part in the precision), where `flops.efficiency` still
 compares with the precision's GEMM rate.

@@ -42,7 +42,7 @@ MODES = ("decode", "grid", "e2e")
 REFERENCES = ("none", "decode", "clip4idc", "all")
 # what the CLIP4IDC peer's linear maps run as (clip4idc.linear_form)
 LINEAR_FORMS = ("fp32", "bf16", "onednn_fp32", "onednn_fp32_prepacked", "onednn_bf16_prepacked", "int8_dynamic")
-PRECISIONS = ("fp32", "bf16", "int8")  # namc.models.precision.PRECISIONS (models may not import eval)
+PRECISIONS = ("fp32", "bf16", "int8")  # namc.backends.precision.PRECISIONS (models may not import eval)
 INT8_GRIDS = ("static", "fp32")
 LENGTH_MODES = ("fixed", "eos")
 SHORTLIST_OF_MODEL = "model"  # settings.shortlist: the model's own training_shortlist
@@ -71,11 +71,11 @@ class BenchmarkSettings:
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         dtype: ``float32``; ``float16`` / ``bfloat16`` on CUDA only (the whole model converted).
         precision: ``fp32``, ``bf16`` or ``int8``: on a CPU, namc runs its inference copy at that precision
-            (:mod:`namc.models.precision`) and the CLIP4IDC peer a copy converted the same way.
+            (:mod:`namc.backends.precision`) and the CLIP4IDC peer a copy converted the same way.
         reference_precision: the peer's precision where it differs (None: ``precision``), to compare each model at
             its fastest in one interleaved run (on a CPU with AMX the peer decodes faster in bf16 than in int8).
         int8_grid: with ``precision="int8"``, the grid's ResNet blocks in ``static`` int8 (with the model's own
-            calibration where it has one, e.g. from a saved folder; else :func:`namc.models.precision.calibrate_int8`
+            calibration where it has one, e.g. from a saved folder; else :func:`namc.backends.precision.calibrate_int8`
             on the benchmark's own synthetic images: the scales change no timing, and no caption here means
             anything) or in ``fp32`` (what an uncalibrated model runs). A model passed in keeps its calibration.
         threads: ``torch.set_num_threads`` (None: leave torch's default).
@@ -89,7 +89,7 @@ class BenchmarkSettings:
         reference_repeats: timed calls of the naive decoder, and timed rounds of each peer comparison.
         gemm_size: side of the square matmul whose FLOP/s is the efficiency reference.
         compile: ``torch.compile`` FDG's decoding step.
-        static_decode: decode with :class:`~namc.models.static_decode.StaticDecoder` (fixed-shape steps over a
+        static_decode: decode with :class:`~namc.backends.static_decode.StaticDecoder` (fixed-shape steps over a
             static KV cache; on CUDA one CUDA graph per batch size, replayed at every step) in every level.
         shortlist: decode over this many tokens instead of the whole vocabulary (:mod:`namc.models.shortlist`):
             namc and the CLIP4IDC peer alike project onto that many ids of their vocabularies, drawn with ``seed``

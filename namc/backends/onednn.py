@@ -1,12 +1,12 @@
 """oneDNN's kernels where PyTorch's default path leaves speed behind on a CPU: fused convolutions for the frozen
-ResNet grid of an inference copy (:mod:`namc.models.precision`), and the skinny matrix products of FDG's decoding
+ResNet grid of an inference copy (:mod:`namc.backends.precision`), and the skinny matrix products of FDG's decoding
 step (:func:`dense`, with matrices prepacked by :func:`pack_linear`). These are private ``torch.ops.mkldnn`` ops, the
 ones inductor emits: each is probed once against the public op (:func:`conv_available`, :func:`linear_available`)
 and the public path is taken where the probe fails.
 
 **Convolutions.**
 
-Once BatchNorm is folded (:meth:`~namc.models.grid.GridEncoder.fold_batchnorm`), a ResNet block is conv -> ReLU ->
+Once BatchNorm is folded (:meth:`~namc.backends.grid.fold_batchnorm`), a ResNet block is conv -> ReLU ->
 conv -> ReLU -> conv -> + shortcut -> ReLU. Run module by module, every ReLU and every residual addition is a pass of
 its own over the activations, together about as long as the convolutions themselves (docs/performance.md).
 :func:`fuse_resnet` replaces the stem and every block with modules that call oneDNN's fused kernels
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.models import threads
+from namc.backends import threads
 from namc.thresholds import BF16_MIN_WEIGHT
 from namc.thresholds import FP32_ONEDNN_MIN_WEIGHT as MIN_WEIGHT  # dense's cut-off (patchable here)
 
@@ -254,7 +254,7 @@ class OneDNNLinear(nn.Module):
 
 
 def bf16_worthwhile(weight: torch.Tensor) -> bool:
-    """Whether a bf16 inference copy (:mod:`namc.models.precision`) gains from keeping ``weight`` (out, in) of FDG's
+    """Whether a bf16 inference copy (:mod:`namc.backends.precision`) gains from keeping ``weight`` (out, in) of FDG's
     decoding step in bf16 rather than fp32: a matrix of at least :data:`~namc.thresholds.BF16_MIN_WEIGHT` entries
     (read at each call), since oneDNN's bf16 call has a fixed cost that small products do not earn back.
     """
@@ -267,7 +267,7 @@ def bf16_supported() -> bool:
 
     Without it (an AVX2-only CPU: AMD Zen 2-3, Intel's desktop and laptop chips since Alder Lake) oneDNN refuses bf16
     reorders, and PyTorch's fallback kernels run bf16 several times slower than fp32 (docs/performance.md), so a
-    bf16 copy keeps every part in fp32 there (:mod:`namc.models.precision`).
+    bf16 copy keeps every part in fp32 there (:mod:`namc.backends.precision`).
     """
     global _BF16_OK
     if _BF16_OK is None:
@@ -285,7 +285,7 @@ def amx_bf16() -> bool:
     """Whether this CPU multiplies bf16 on AMX tiles (Intel Xeon since Sapphire Rapids), where oneDNN runs bf16 at
     all (:func:`bf16_supported`). There, large bf16 products run faster than PyTorch's dynamic int8 kernel (which
     has no AMX path) and PyTorch's fused CPU attention runs its bf16 products on the tiles too, so a bf16 or
-    int8 copy picks other kernels (:func:`namc.models.layers.attend_step`, :mod:`namc.models.precision`). False where
+    int8 copy picks other kernels (:func:`namc.backends.step.attend_step`, :mod:`namc.backends.precision`). False where
     this torch build lacks the (private) check."""
     global _AMX_OK
     if _AMX_OK is None:
@@ -330,12 +330,12 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     Either result equals ``F.linear`` up to float rounding.
 
     A product too small to gain from a second thread that would have to be woken runs on one
-    (:mod:`namc.models.threads`); the large matrices on oneDNN's fp32 kernel keep every thread, which they gain from
+    (:mod:`namc.backends.threads`); the large matrices on oneDNN's fp32 kernel keep every thread, which they gain from
     at every batch size.
     """
     if isinstance(weight, nn.Module):
         return weight(x.float()).to(x.dtype)
-    if is_packed(weight):  # prepacked by FDG.pack_step("bf16"); outside autocast's reach, so cast here
+    if is_packed(weight):  # prepacked by FusedFDG.pack_step("bf16"); outside autocast's reach, so cast here
         return linear(x, weight, bias)
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
@@ -347,7 +347,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
 
 def fp32_kernel(weight: torch.Tensor, min_weight: int) -> bool:
     """Whether a plain fp32 CPU ``weight`` of ``min_weight`` entries or more runs on oneDNN's kernel (:func:`dense`
-    from :data:`MIN_WEIGHT`; reordered, :mod:`namc.models.packed_step`): not inside a graph being compiled, where
+    from :data:`MIN_WEIGHT`; reordered, :mod:`namc.backends.step`): not inside a graph being compiled, where
     the private op needs constant weights (let inductor pick)."""
     return (
         weight.numel() >= min_weight
@@ -362,7 +362,7 @@ def fp32_kernel(weight: torch.Tensor, min_weight: int) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """oneDNN's linear kernel on a CPU ``weight`` (fp32 as it is, or bf16 prepacked by :func:`pack_linear`), ``x``
     cast to its dtype; on one thread where the product is too small to pay for waking a second
-    (:mod:`namc.models.threads`)."""
+    (:mod:`namc.backends.threads`)."""
     return threads.run(
         _kind(weight), 2.0 * x.numel() * weight.shape[0], _onednn_linear, x.to(weight.dtype), weight, bias
     )

@@ -1,32 +1,32 @@
-"""``torch.compile`` of FDG's eval-mode decoding step (:meth:`FDG.compile_step <namc.models.fdg.FDG.compile_step>`).
+"""``torch.compile`` of FDG's eval-mode decoding step (:meth:`FusedFDG.compile_step`).
 
 By default the step's weights are *frozen* into the compiled code: they are buffers of a small module
 (:class:`FrozenStep`) compiled under inductor's ``freezing``, which treats a compiled module's parameters and buffers
 as constants. On a CPU inductor then lays every matrix out once for oneDNN and fuses each residual addition into its
 product; with the weights as inputs of the graph every product is a plain BLAS call, slower than eager decoding's
-oneDNN kernel from 8 rows up. Eager decoding reorders its matrices for oneDNN too (:mod:`namc.models.packed_step`)
-and runs its small products on one thread (:mod:`namc.models.threads`), so the compiled step decodes at about eager's
+oneDNN kernel from 8 rows up. Eager decoding reorders its matrices for oneDNN too (:mod:`namc.backends.step`)
+and runs its small products on one thread (:mod:`namc.backends.threads`), so the compiled step decodes at about eager's
 speed on a CPU (docs/performance.md).
 
 fp32's ids are eager's to the bit; bf16's fused kernels round differently, so on random weights, whose runners-up
 are close, some tokens at batch 8 and 32 differ. An int8 copy's step is refused (``ValueError``): the compiler cannot
 trace its packed int8 layers, so each one breaks the graph and the step decodes slower than eager; on the plain
-kernels (:func:`namc.models.qlinear.int8_kernels`) dynamo fails, and made opaque ops the whole graph gains nothing
+kernels (:func:`namc.backends.qlinear.int8_kernels`) dynamo fails, and made opaque ops the whole graph gains nothing
 measurable. Eager int8 is the fastest decoding.
 
 Frozen weights are copies laid out at compile time (about 500 MB more peak memory for namc_base's fp32 step), so
 :class:`CompiledStep` fingerprints FDG's parameters before every generation and compiles again when one of them was
 replaced or changed in place (an optimiser step, ``load_state_dict``, ``.to()``) or
-:meth:`~namc.models.fdg.FDG.pack_step` ran again.
+:meth:`~namc.backends.step.FusedFDG.pack_step` ran again.
 
 A step compiles four graphs at most: batch 1 and any larger batch (``dynamic=True`` specialises sizes 0 and 1), each
 for the first token (an empty cache) and the rest. Nothing in the step tests a size while it is traced (the thread
-and kernel choices by size in :mod:`namc.models.threads` and :mod:`namc.models.layers` stand aside under
+and kernel choices by size in :mod:`namc.backends.threads` and :mod:`namc.models.layers` stand aside under
 ``torch.compiler.is_compiling()``): each such test would guard the graph to one side of it (odd batch sizes, more
 than 32 rows of a 512-wide FFN), so that a process captioning batches of many sizes would compile again and again.
 Dynamo keeps compiled graphs, and counts them against ``torch._dynamo.config.recompile_limit`` (8), per code object,
 dead ones included; so each :class:`FrozenStep` has a ``forward`` of its own, or the third version of the weights
-would run its step eagerly for the rest of the process (unfrozen steps share ``FDG._fused_step`` and its graphs:
+would run its step eagerly for the rest of the process (unfrozen steps share ``FusedFDG._fused_step`` and its graphs:
 their weights are inputs).
 """
 
@@ -43,7 +43,7 @@ import torch._inductor.config as inductor_config
 from torch import nn
 from torch._inductor.codecache import PyCodeCache
 
-from namc.models.precision import _fingerprint
+from namc.backends.versions import fingerprint as _fingerprint
 
 __all__ = ["CompiledStep", "FrozenStep", "int8_layers"]
 
@@ -56,16 +56,16 @@ INT8_REFUSED = (
 
 def int8_layers(weights: list) -> int:
     """How many of a decoding step's matrices (FDG's per-layer layout, shared ones once) are an int8 copy's packed
-    layers (:func:`namc.models.qlinear.int8_linear`)."""
+    layers (:func:`namc.backends.qlinear.int8_linear`)."""
     return len({id(m) for w in weights for name in type(w).NAMES if isinstance(m := getattr(w, name)[0], nn.Module)})
 
 
 class FrozenStep(nn.Module):
-    """FDG's eval step with its matrices (``weights``: per layer, as :meth:`FDG._start
-    <namc.models.fdg.FDG._start>` gives them to a compiled step) held as this module's buffers, so that a compiled
-    copy sees them as constants; FDG is a submodule for its embeddings, positions and LayerNorms.
+    """FDG's eval step with its matrices (``weights``: per layer, as :meth:`FusedFDG._start
+    ` gives them to a compiled step) held as this module's buffers, so that a compiled
+     copy sees them as constants; FDG is a submodule for its embeddings, positions and LayerNorms.
 
-    Call it as FDG's step without the weights: ``(tokens, position, caches, cross_kv, memory_mask) -> logits``.
+     Call it as FDG's step without the weights: ``(tokens, position, caches, cross_kv, memory_mask) -> logits``.
     """
 
     def __init__(self, fdg: nn.Module, weights: list) -> None:
@@ -121,10 +121,10 @@ class CompiledStep:
 
     def for_generation(self, fused: list) -> Callable[..., torch.Tensor]:
         """The step for the next generation, with FDG's step signature ``(tokens, position, caches, cross_kv,
-        memory_mask, fused) -> logits``; ``fused``: the generation's step weights, which a frozen step holds (and
-        then ignores in its calls), compiled again when they went stale. Compilation itself happens at the first
-        call (5-15 s on a CPU). An int8 copy's step (``pack_step("int8")`` after :meth:`FDG.compile_step
-        <namc.models.fdg.FDG.compile_step>`) raises ``ValueError``, as ``compile_step`` does on one."""
+         memory_mask, fused) -> logits``; ``fused``: the generation's step weights, which a frozen step holds (and
+         then ignores in its calls), compiled again when they went stale. Compilation itself happens at the first
+         call (5-15 s on a CPU). An int8 copy's step (``pack_step("int8")`` after :meth:`FusedFDG.compile_step
+        `) raises ``ValueError``, as ``compile_step`` does on one."""
         _refuse_int8(fused)
         if not self.freeze:
             if self._compiled is None:

@@ -18,8 +18,8 @@ touches in buffers allocated once per (batch, memory length, dtype, memory mask 
 
 Finished rows stay in the batch and produce padding; the host looks at the finished flags every ``check_every``
 steps (one synchronisation each) to stop early, never when [EOS] cannot occur. The step's layers are FDG's own eval
-path (:meth:`FDG._fused_layers <namc.models.fdg.FDG._fused_layers>`, the same matrices: fp32, a bf16 or int8 copy of
-:mod:`namc.models.precision`, or a model converted with ``.to(torch.bfloat16)``), so the ids are FDG.generate's up
+path (:meth:`FusedFDG._fused_layers`, the same matrices: fp32, a bf16 or int8 copy of
+:mod:`namc.backends.precision`, or a model converted with ``.to(torch.bfloat16)``), so the ids are FDG.generate's up
 to the rounding of attention over more (masked) slots, and equal where no near-tie flips (tests/test_static_decode.py).
 
 On CUDA the step is captured once per shape (``torch.cuda.CUDAGraph``) after warm-up calls on a side stream, and
@@ -41,11 +41,12 @@ import torch
 import torch.nn.functional as F
 
 from namc import ops
-from namc.models import packed_step
+from namc.backends import step as packed_step
+from namc.backends.step import cache_dtype, first_max_index, fused_view
+from namc.backends.versions import fingerprint as _fingerprint
 from namc.models.fdg import FDG
-from namc.models.layers import KVCache, cache_dtype
-from namc.models.precision import _fingerprint
-from namc.models.shortlist import Shortlist, greedy_ids
+from namc.models.layers import KVCache
+from namc.models.shortlist import Shortlist
 
 __all__ = ["StaticDecoder", "StaticKVCache"]
 
@@ -84,7 +85,7 @@ class _State:
     caches: list[StaticKVCache]
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # 2 x (B, H, N, E) per layer
     memory_mask: torch.Tensor | None  # (B, N) bool
-    weights: list  # FDG.step_weights(B) when built (on a shortlist's rows where one is given)
+    weights: list  # FusedFDG.step_weights(B) when built (on a shortlist's rows where one is given)
     graph: torch.cuda.CUDAGraph | None = None
 
 
@@ -122,12 +123,12 @@ class StaticDecoder:
             raise ValueError(f"max_new_tokens must be in [1, {fdg.max_len}] (FDG's positions), got {max_new_tokens}")
         if check_every < 1 or max_shapes < 1 or warmup < 1:
             raise ValueError("check_every, max_shapes and warmup must be >= 1")
-        self.fdg, self.max_new_tokens, self.graph = fdg, max_new_tokens, graph
+        self.fdg, self.max_new_tokens, self.graph = fused_view(fdg), max_new_tokens, graph
         self.check_every, self.max_shapes, self.warmup = check_every, max_shapes, warmup
         self.shortlist = fdg._shortlist(vocabulary)
         self._states: OrderedDict[tuple, _State] = OrderedDict()
         self._built_for: tuple = ()  # the FDG's parameters when the states were built (_fingerprint)
-        self._weights: dict[bool, list] = {}  # FDG.step_weights then, plain and reordered (packed_step.MIN_ROWS)
+        self._weights: dict[bool, list] = {}  # FusedFDG.step_weights then, plain and reordered (packed_step.MIN_ROWS)
 
     @torch.inference_mode()
     def __call__(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -173,7 +174,8 @@ class StaticDecoder:
         for cache in s.caches:
             cache.mask = seen
         logits = fdg._fused_layers(x, s.caches, s.cross_kv, s.memory_mask, s.weights)  # (B, V)
-        nxt = greedy_ids(logits, self.shortlist).masked_fill(s.finished, fdg.pad_id)  # (B,)
+        nxt = first_max_index(logits)
+        nxt = (nxt if self.shortlist is None else self.shortlist.to_vocabulary(nxt)).masked_fill(s.finished, fdg.pad_id)
         s.out.index_copy_(1, s.position, nxt[:, None])
         s.finished |= nxt == s.eos
         s.tokens.copy_(nxt)

@@ -1,6 +1,6 @@
 """Dynamic int8 linear layers: int8 weights with one scale per output channel, activations quantised per call, on
 PyTorch's x86 kernel (``quantized::linear_dynamic``, or oneDNN's int8 linear where PyTorch has no quantised dtypes).
-The int8 precision of :mod:`namc.models.precision` (MIR, FDG's decoding step), the CLIP4IDC peer's int8 copy and the
+The int8 precision of :mod:`namc.backends.precision` (MIR, FDG's decoding step), the CLIP4IDC peer's int8 copy and the
 benchmark's int8 GEMM reference all use :func:`int8_linear` / :func:`quantize_linears`.
 
 **No ``torch.ao.quantization``.** PyTorch deprecated its eager quantization flow (``quantize_dynamic``, its observers
@@ -21,11 +21,11 @@ rounding only doubles the activations' quantisation error: on namc_base's shapes
 against fp32 at the same speed, and inputs at the top of the range do not saturate (tests/test_precision.py).
 :class:`DynamicLinear` takes the full range where :func:`full_range` says so.
 
-**Small matrices stay fp32.** An int8 copy (:func:`int8_forms`, :meth:`FDG.pack_step
-<namc.models.fdg.FDG.pack_step>`) keeps a matrix of fewer than :data:`~namc.thresholds.INT8_MIN_WEIGHT` entries in
-fp32: int8 gains nothing there. The matrices this leaves in fp32 are those of narrow models:
-at the demo's width of 32 (and its small word vocabulary) every matrix of MIR and FDG, so int8 there is the grid's
-static int8 and fp32 after it; none of namc_base's, whose smallest has 589,824 entries.
+**Small matrices stay fp32.** An int8 copy (:func:`int8_forms`, :meth:`~namc.backends.step.FusedFDG.pack_step`)
+keeps a matrix of fewer than :data:`~namc.thresholds.INT8_MIN_WEIGHT` entries in fp32: int8 gains nothing there.
+The matrices this leaves in fp32 are those of narrow models: at the demo's width of 32 (and its small word vocabulary)
+every matrix of MIR and FDG, so int8 there is the grid's static int8 and fp32 after it; none of namc_base's, whose
+smallest has 589,824 entries.
 """
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ import copy
 import os
 import struct
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from namc.models import threads
+from namc.backends import threads
+from namc.models.fusion import ConcatFusion
 from namc.thresholds import INT8_MIN_WEIGHT  # read at each call: patchable here
 
 __all__ = [
@@ -72,7 +74,7 @@ def int8_kernels() -> str:
     a torch without them namc's int8 keeps running on the plain kernels. These cost more in eager PyTorch, which
     quantises each activation in five passes after finding its range, where the quantised kernel makes one pass (up
     to 1.8x the time of a layer), with the same codes and so the same error against fp32. ``NAMC_INT8_KERNELS=plain``
-    (or ``quantized``) chooses; a model's int8 copy (:func:`~namc.models.precision.inference_copy`) follows it.
+    (or ``quantized``) chooses; a model's int8 copy (:func:`~namc.backends.precision.inference_copy`) follows it.
     """
     global _QUANTIZED_OPS
     choice = os.environ.get(KERNELS_ENV, "").strip().lower()
@@ -135,7 +137,7 @@ def quantize_activations(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, fl
 def affine_codes(x: torch.Tensor, scale: float, zero_point: int, levels: int = 256) -> torch.Tensor:
     """``x`` as uint8 codes of ``scale`` and ``zero_point`` in plain operations, layout kept: multiplied by the float32
     ``1 / scale``, rounded half to even, shifted, saturated at 0 and ``levels - 1``; PyTorch's quantisation, to the
-    bit (:func:`quantize_activations` and the plain form of :func:`namc.models.qconv.quantize_u8`)."""
+    bit (:func:`quantize_activations` and the plain form of :func:`namc.backends.qconv.quantize_u8`)."""
     return (x.float() * _to_float32(1 / scale)).round_().add_(zero_point).clamp_(0, levels - 1).to(torch.uint8)
 
 
@@ -242,8 +244,8 @@ def int8_forms(module: nn.Module) -> dict[int, nn.Module]:
     entries, keyed by ``id(layer)``: a ``copy.deepcopy`` memo that builds an int8 copy without copying the layers'
     fp32 weights first (:func:`quantize_linears`). Smaller layers are left out, and so copied as they are.
 
-    An ``nn.Linear`` subclass with its own forward (MIR's concat fusion, ``forward(x1, x2)``) names its int8 form
-    with a ``to_dynamic_int8()`` method, called here; any other subclass raises, rather than stay fp32 unnoticed in an
+    An ``nn.Linear`` subclass with its own forward (MIR's concat fusion, ``forward(x1, x2)``) has its int8 form in
+    :data:`INT8_FORMS`; any other subclass raises, rather than stay fp32 unnoticed in an
     int8 copy. The exception is PyTorch's ``NonDynamicallyQuantizableLinear`` (``nn.MultiheadAttention``'s output
     projection, whose weight the attention reads directly), which stays fp32, as in PyTorch's own flow.
     """
@@ -255,11 +257,31 @@ def int8_forms(module: nn.Module) -> dict[int, nn.Module]:
             continue
         if type(child) is nn.Linear:
             forms[id(child)] = DynamicLinear.from_linear(child)
-        elif callable(getattr(child, "to_dynamic_int8", None)):
-            forms[id(child)] = child.to_dynamic_int8()
+        elif type(child) in INT8_FORMS:
+            forms[id(child)] = INT8_FORMS[type(child)](child)
         else:
-            raise TypeError(f"{name}: {type(child).__name__} subclasses nn.Linear without a to_dynamic_int8() method")
+            raise TypeError(
+                f"{name}: {type(child).__name__} subclasses nn.Linear without an int8 form "
+                "(add one to namc.backends.qlinear.INT8_FORMS)"
+            )
     return forms
+
+
+class Int8ConcatFusion(nn.Module):
+    """:class:`ConcatFusion` in dynamic int8 as the sum of its two halves, ``W1 x1 + W2 x2 + b``: no (B, N, 2D)
+    concatenation, and each stream's activations get their own int8 scale."""
+
+    def __init__(self, fc: nn.Linear) -> None:
+        super().__init__()
+        w1, w2 = fc.weight.detach().chunk(2, dim=1)  # (D, D) each: the columns that read x1, then x2
+        self.first, self.second = int8_linear(w1, fc.bias), int8_linear(w2, None)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        return self.first(x1) + self.second(x2)
+
+
+#: the int8 form of each nn.Linear subclass with a forward of its own (MIR's concat fusion takes ``(x1, x2)``)
+INT8_FORMS: dict[type, Callable[[nn.Linear], nn.Module]] = {ConcatFusion: Int8ConcatFusion}
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> DynamicLinear:

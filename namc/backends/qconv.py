@@ -1,4 +1,4 @@
-"""Static int8 convolutions for the frozen ResNet grid of an ``int8`` inference copy (:mod:`namc.models.precision`).
+"""Static int8 convolutions for the frozen ResNet grid of an ``int8`` inference copy (:mod:`namc.backends.precision`).
 
 The grid is more than half of the end-to-end time (namc_base in bf16 at batch 32), and on a CPU with VNNI an int8
 convolution runs about twice as fast as the same one in bf16; on an AVX2 CPU without VNNI or bf16, up to three times
@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.models.onednn import FusedBlock, FusedConv, ShapeCache
-from namc.models.qlinear import affine_codes, full_range, int8_kernels
+from namc.backends.onednn import FusedBlock, FusedConv, ShapeCache
+from namc.backends.qlinear import affine_codes, full_range, int8_kernels
 
 __all__ = [
     "QuantBlock",
@@ -76,7 +76,7 @@ def quantize_u8(
 
     ``torch.quantize_per_tensor`` + ``int_repr`` (one pass each): 5.6x faster than the decomposed op PT2E graphs use
     when run eagerly. Its quantised-tensor deprecation warning does not apply here: the result is a plain uint8
-    tensor. ``plain`` (the :func:`~namc.models.qlinear.int8_kernels` of a torch without quantised dtypes): the same
+    tensor. ``plain`` (the :func:`~namc.backends.qlinear.int8_kernels` of a torch without quantised dtypes): the same
     codes from plain operations, in five passes."""
     if plain:
         return affine_codes(x, scale, zero_point, ceiling + 1)
@@ -87,7 +87,7 @@ def quantize_u8(
 
 
 class QuantConv(nn.Module):
-    """A fused convolution (:class:`~namc.models.onednn.FusedConv`, fp32 weights) in static int8: uint8 input of
+    """A fused convolution (:class:`~namc.backends.onednn.FusedConv`, fp32 weights) in static int8: uint8 input of
     scale ``in_scale``, per-channel int8 weights, uint8 output of scale ``out_scale`` and zero point ``out_zero``
     (128 for a signed output) or, with ``out_scale=None``, an fp32 output.
 
@@ -217,7 +217,7 @@ def _stem_available(plain: bool) -> bool:
 
 
 class QuantBlock(nn.Module):
-    """A :class:`~namc.models.onednn.FusedBlock` in static int8 (see the module docstring).
+    """A :class:`~namc.backends.onednn.FusedBlock` in static int8 (see the module docstring).
 
     Args:
         block: the fused fp32 block.

@@ -9,24 +9,24 @@
   residual stream: an fp32 residual stream would cost a cast at every layer) where its largest matrix has
   :data:`~namc.thresholds.MIR_BF16_MIN_WEIGHT` entries, else fp32; FDG's layers (all or none) and its vocabulary
   matrix each in bf16 from :data:`~namc.thresholds.BF16_MIN_WEIGHT` entries
-  (:func:`~namc.models.onednn.bf16_worthwhile`), its LayerNorms and residual stream fp32 (its steps are bound by the
+  (:func:`~namc.backends.onednn.bf16_worthwhile`), its LayerNorms and residual stream fp32 (its steps are bound by the
   matrices, not the casts). namc_base is bf16 in every matrix; a narrow model keeps its small parts in fp32, where
   bf16 would be slower. Two oneDNN preparations follow, both done once per copy: the grid's convolutions run fused
-  with their ReLUs and residual additions (:mod:`namc.models.onednn`) and the decoding step's matrices are reordered
-  into oneDNN's blocked layout (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`). The step's one-query
-  attention runs as two batched products (:func:`~namc.models.layers.attend_one`) wherever PyTorch's fused SDPA
-  kernel would take a second thread (:func:`~namc.models.layers.attend_step`), where the fused kernel is the slower
+  with their ReLUs and residual additions (:mod:`namc.backends.onednn`) and the decoding step's matrices are reordered
+  into oneDNN's blocked layout (:meth:`FusedFDG.pack_step`). The step's one-query
+  attention runs as two batched products (:func:`~namc.backends.step.attend_one`) wherever PyTorch's fused SDPA
+  kernel would take a second thread (:func:`~namc.backends.step.attend_step`), where the fused kernel is the slower
   one; but for a CPU with AMX, where the fused kernel runs on the tiles and is the faster one. On CUDA:
   ``torch.autocast`` over the model itself (:func:`run_context`).
 - ``int8``: on a CPU, the copy's BatchNorm folded as for bf16, every ``nn.Linear`` of MIR (on a CPU with AMX, MIR in
   bf16 as the bf16 copy runs it: :func:`mir_in_bf16`) and every matrix of FDG's decoding step (the vocabulary
   projection and the cross-attention keys / values included) in dynamic int8 (PyTorch's x86 kernel: int8 weights
   with per-channel scales, activations quantised per call, to 8 bits where the CPU has VNNI:
-  :mod:`namc.models.qlinear`), but for matrices under :data:`~namc.thresholds.INT8_MIN_WEIGHT` entries, which stay
+  :mod:`namc.backends.qlinear`), but for matrices under :data:`~namc.thresholds.INT8_MIN_WEIGHT` entries, which stay
   fp32 (int8 is no faster there: a narrow model's); attention stays fp32 but for the decoder's cross-attention over
   a memory of :data:`~namc.thresholds.CROSS_KV_BF16_MIN` elements or more, which reads its keys / values in bf16
-  (:meth:`FDG.pack_step <namc.models.fdg.FDG.pack_step>`). The grid's convolutions run fused in fp32, or, once
-  :func:`calibrate_int8` has seen images, its stem and ResNet blocks in static int8 (:mod:`namc.models.qconv`: the
+  (:meth:`FusedFDG.pack_step`). The grid's convolutions run fused in fp32, or, once
+  :func:`calibrate_int8` has seen images, its stem and ResNet blocks in static int8 (:mod:`namc.backends.qconv`: the
   oneDNN kernels PyTorch's PT2E x86 flow lowers to, without ``torch.export``, inductor or torchao; activation scales
   from the calibration images). :class:`~namc.lit.finetune.FinetuneModule` calibrates on training pairs, ``namc
   benchmark`` on its synthetic images.
@@ -36,7 +36,7 @@ The speed of each precision on each part is in docs/performance.md.
 A calibration is saved with the model (``save_pretrained``): ``int8_calibration.json``, UTF-8 JSON
 ``{"format": "namc-int8-calibration/1", "peaks": [[...], ...]}``, one list per ResNet block of the largest activation
 seen at its input, after each convolution but the last, at its output and out of its downsampling shortcut
-(:func:`~namc.models.qconv.calibrate_resnet`); ``config.json`` records its SHA-256 like the weights'.
+(:func:`~namc.backends.qconv.calibrate_resnet`); ``config.json`` records its SHA-256 like the weights'.
 
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
@@ -48,7 +48,7 @@ alone changes no caption.
 
 A pair's fp32 caption does not depend on the batch it is captioned in (its logits move by float rounding only); its
 bf16 and int8 captions may: the decoding step's one-query attention switches kernels by size
-(:func:`~namc.models.layers.attend_step`), int8's cross-attention keys / values switch to bf16 by the memory's size,
+(:func:`~namc.backends.step.attend_step`), int8's cross-attention keys / values switch to bf16 by the memory's size,
 and its dynamic layers take one activation scale per call for all the call's rows. Batch-independent forms would
 slow bf16 decoding and int8's MIR (docs/performance.md), so namc does not use them.
 """
@@ -69,9 +69,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.models import onednn, qlinear
+from namc.backends import onednn, qlinear
+from namc.backends.grid import fold_batchnorm, fuse_grid, grid_int8_peaks, quantize_grid
+from namc.backends.qlinear import int8_forms, int8_kernels
+from namc.backends.step import fuse_decoder, fused_view
+from namc.backends.versions import fingerprint as _fingerprint
 from namc.models.files import ConfigError, atomic_write_text, read_json
-from namc.models.qlinear import int8_forms, int8_kernels
+from namc.models.namc import CALIBRATION_FILE
 from namc.thresholds import MIR_BF16_MIN_WEIGHT
 
 __all__ = [
@@ -92,7 +96,6 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16", "int8")
-CALIBRATION_FILE = "int8_calibration.json"  # a saved model's static int8 grid calibration (save_pretrained)
 _CALIBRATION_FORMAT = "namc-int8-calibration/1"
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {precision: (fingerprint, copy)}
@@ -107,28 +110,15 @@ def check_precision(precision: str, device: torch.device | str = "cpu") -> None:
         raise ValueError(f"int8 runs on a CPU only (dynamic int8 linear kernels), not on {device}")
 
 
-def _fingerprint(model: nn.Module) -> tuple:
-    """Identity and version counter of every parameter and buffer: changes when any of them is replaced or updated
-    in place (an optimiser step, ``load_state_dict``)."""
-    out = []
-    for t in (*model.parameters(), *model.buffers()):
-        try:
-            version = t._version
-        except RuntimeError:  # an inference tensor has no version counter; it cannot change in place either
-            version = -1
-        out.append((id(t), t.data_ptr(), version))
-    return tuple(out)
-
-
 def calibrate_int8(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
     """Calibrate the static int8 grid of ``model``'s ``int8`` copy on ``batches`` of (B, 3, H, W) images in [0, 1]
     (a few hundred images like the ones to caption: both images of each pair). From then on the ``int8`` copy runs
-    the grid's ResNet blocks in static int8 (:mod:`namc.models.qconv`) instead of fp32, until the grid's weights
+    the grid's ResNet blocks in static int8 (:mod:`namc.backends.qconv`) instead of fp32, until the grid's weights
     change. Without calibration ``int8`` keeps the fp32 grid (activation scales need images to come from).
     ``save_pretrained`` keeps the calibration (:data:`CALIBRATION_FILE`), so a loaded model needs none.
     """
     check_precision("int8", next(model.parameters()).device)
-    set_int8_calibration(model, model.grid.int8_peaks(batches))
+    set_int8_calibration(model, grid_int8_peaks(model.grid, batches))
 
 
 def int8_calibration(model: nn.Module) -> list[list[float]] | None:
@@ -142,8 +132,8 @@ def set_int8_calibration(model: nn.Module, peaks: Any, source: str = "calibratio
     """Give ``model`` the int8 grid calibration ``peaks`` (what :func:`int8_calibration` returns, from this model or
     one with the same grid weights); None removes it (the int8 grid runs in fp32 again). ValueError, naming
     ``source``, unless ``peaks`` holds one list of finite, non-negative numbers per block of the grid, as many as
-    :func:`~namc.models.qconv.calibrate_resnet` records."""
-    from namc.models.qconv import peak_layout
+    :func:`~namc.backends.qconv.calibrate_resnet` records."""
+    from namc.backends.qconv import peak_layout
 
     if peaks is None:
         if _PEAKS.pop(model, None) is not None:
@@ -200,24 +190,24 @@ def load_int8_calibration(model: nn.Module, directory: Path) -> bool:
 def int8_grid(model: nn.Module) -> str:
     """What the grid of ``model``'s ``int8`` copy runs in: ``"int8"`` once :func:`calibrate_int8` calibrated it for
     the current grid weights (or the calibration came with the saved model), where this torch build runs oneDNN's
-    int8 convolutions exactly (:func:`~namc.models.qconv.qconv_available`; with 7-bit activations on a CPU without
-    VNNI, :func:`~namc.models.qconv.code_ceiling`), else ``"fp32"``."""
-    from namc.models.qconv import qconv_available
+    int8 convolutions exactly (:func:`~namc.backends.qconv.qconv_available`; with 7-bit activations on a CPU without
+    VNNI, :func:`~namc.backends.qconv.code_ceiling`), else ``"fp32"``."""
+    from namc.backends.qconv import qconv_available
 
     calibrated = int8_calibration(model) is not None
     return "int8" if calibrated and onednn.conv_available() and qconv_available() else "fp32"
 
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
-    """The ``precision`` copy of a NAMC model's inference path on a CPU (``fp32``: the model itself).
+    """The ``precision`` copy of a NAMC model's inference path on a CPU (``fp32``: :func:`fp32_view`).
 
     The copy shares nothing with the model, has no NIM / VQGAN (inference never runs them) and is in eval mode.
     Built once per model and precision, rebuilt when the model's weights changed (or, for int8, the kernels
-    :func:`~namc.models.qlinear.int8_kernels` names).
+    :func:`~namc.backends.qlinear.int8_kernels` names).
     """
     check_precision(precision)
     if precision == "fp32":
-        return model
+        return fp32_view(model)
     cached = _COPIES.setdefault(model, {})
     int8 = precision == "int8"
     rules = (int8_kernels(), qlinear.INT8_MIN_WEIGHT) if int8 else (onednn.BF16_MIN_WEIGHT, MIR_BF16_MIN_WEIGHT)
@@ -234,25 +224,35 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
         if int8 and not bf16_mir:
             memo.update(int8_forms(model.mir))  # MIR's linear layers copied straight into int8
         twin = copy.deepcopy(model, memo=memo).eval()
-        twin.grid.fold_batchnorm()
+        fuse_decoder(twin.fdg)  # the fused decoding step, the copy's LayerNorms and GELUs on the thread rules
+        fold_batchnorm(twin.grid)
         if precision == "bf16":
             _to_bf16(twin, bf16_mir)
         else:
             if bf16_mir:  # bf16 throughout, handing FDG's int8 layers the fp32 memory they take
                 twin.mir.to(torch.bfloat16).memory_dtype = torch.float32
-            fused = twin.grid.fuse_onednn()  # fp32 convolutions, fused as for bf16
+            fused = fuse_grid(twin.grid)  # fp32 convolutions, fused as for bf16
             peaks = int8_calibration(model)
             if fused and peaks is not None:
-                twin.grid.quantize_int8(peaks)  # static int8 blocks, scales from calibrate_int8
+                quantize_grid(twin.grid, peaks)  # static int8 blocks, scales from calibrate_int8
             twin.fdg.pack_step("int8")
     cached[precision] = (key, twin)
     return twin
 
 
+def fp32_view(model: nn.Module) -> nn.Module:
+    """``model`` as the fp32 runtime decodes it: a second handle on the same modules and parameters (nothing copied,
+    ``model`` unchanged) whose decoder takes the fused step (:func:`~namc.backends.step.fused_view`)."""
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    view._modules["fdg"] = fused_view(model.fdg)
+    return view
+
+
 def mir_in_bf16(mir: nn.Module, int8: bool) -> bool:
     """Whether the bf16 copy (``int8`` False) or the int8 copy runs ``mir`` in bf16 throughout: the bf16 copy where
     oneDNN has bf16 and MIR's largest matrix has :data:`~namc.thresholds.MIR_BF16_MIN_WEIGHT` entries; the int8
-    copy likewise, but only on a CPU with AMX (:func:`~namc.models.onednn.amx_bf16`), where MIR's products of
+    copy likewise, but only on a CPU with AMX (:func:`~namc.backends.onednn.amx_bf16`), where MIR's products of
     hundreds of rows run faster on the tiles in bf16 than in PyTorch's dynamic int8, which has no AMX path
     (docs/performance.md). Elsewhere the int8 copy's MIR is dynamic int8."""
     if (int8 and not onednn.amx_bf16()) or not onednn.bf16_supported():
@@ -263,17 +263,17 @@ def mir_in_bf16(mir: nn.Module, int8: bool) -> bool:
 def _to_bf16(twin: nn.Module, bf16_mir: bool) -> None:
     """Make ``twin``, a folded inference copy, the bf16 copy: each part in bf16 where bf16 pays on a CPU, else fp32,
     and every part casting what it takes to its own dtype (no autocast, which would run the fp32 parts in bf16).
-    Where oneDNN has no bf16 on this CPU (:func:`~namc.models.onednn.bf16_supported`), bf16 pays nowhere: every
+    Where oneDNN has no bf16 on this CPU (:func:`~namc.backends.onednn.bf16_supported`), bf16 pays nowhere: every
     part stays fp32, the grid's convolutions fused as for int8 (a warning says so, once a process)."""
     if not onednn.bf16_supported():
         warnings.warn(_NO_BF16, RuntimeWarning, stacklevel=2)
-        twin.grid.fuse_onednn()
+        fuse_grid(twin.grid)
         return
     if onednn.conv_available():  # bf16 convolutions pay through oneDNN's fused kernels only
         for module in twin.grid.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 module.to(torch.bfloat16)
-        twin.grid.fuse_onednn()  # convolution + ReLU (+ shortcut) as one oneDNN call each
+        fuse_grid(twin.grid)  # convolution + ReLU (+ shortcut) as one oneDNN call each
     if bf16_mir:  # mir_in_bf16(twin.mir, int8=False), as inference_copy found it
         twin.mir.to(torch.bfloat16)  # LayerNorms, positions and residual stream too: no casts between layers
     fdg = twin.fdg
@@ -359,6 +359,6 @@ def precision_context(model: nn.Module, precision: str, device: torch.device) ->
     """Yield the module to run at ``precision`` on ``device`` (CPU: :func:`inference_copy`; CUDA: the model itself),
     inside :func:`run_context`. Inputs stay in the model's dtype."""
     check_precision(precision, device)
-    runner = inference_copy(model, precision) if device.type == "cpu" else model  # built outside autocast
+    runner = inference_copy(model, precision) if device.type == "cpu" else fp32_view(model)  # outside autocast
     with run_context(precision, device):
         yield runner
