@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -266,3 +267,23 @@ def test_embed_on_two_processes_matches_one(tmp_path: Path) -> None:
     out = proc.communicate(timeout=300)[0].decode(errors="replace")
     assert proc.returncode == 0, out[-3000:]
     assert _tree(tmp_path / "two") == _tree(tmp_path / "one")
+
+
+@pytest.mark.slow  # the tiny encoders
+def test_embed_refuses_a_features_folder_another_run_holds(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from namc.lit.embed import main
+    from namc.locks import LOCK_NAME
+
+    clip, dino = _weights(tmp_path)
+    _corpus(tmp_path, n_good=2)
+    out = tmp_path / "features"
+    out.mkdir()
+    record = {"host": socket.gethostname(), "pid": os.getppid(), "command": "namc curate embed other", "started": "t"}
+    (out / LOCK_NAME).write_text(json.dumps(record))
+    assert main([*_args(tmp_path, clip, dino), "--models", "clip"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("namc curate embed: error: ") and err.count("\n") == 1 and f"PID {os.getppid()}" in err
+    assert not (out / "clip").exists()
+    (out / LOCK_NAME).unlink()
+    assert main([*_args(tmp_path, clip, dino), "--models", "clip"]) == 0
+    assert not (out / LOCK_NAME).exists()

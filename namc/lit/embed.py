@@ -28,9 +28,11 @@ names (``--trainer.devices``, also ``trainer.devices:`` in the YAML).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import re
+import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +60,7 @@ from namc.lit.shardwise import (
     clean_temporaries,
     make_trainer,
 )
+from namc.locks import LockedError, is_launching_process, output_lock
 
 __all__ = ["EmbedJob", "EmbedModule", "EmbedSource", "ImageLines", "build_parser", "main", "scan_images"]
 
@@ -352,15 +355,25 @@ def _summary(job: EmbedJob, complete_before: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``namc curate embed``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_with_config(build_parser(), argv, "embed")
     images = args.images or args.workdir / "images.jsonl"
     out = args.out or args.workdir / "features"
+    held = contextlib.ExitStack()
     try:
         lines = scan_images(images, args.shard_size)
         encoders = _encoders(args)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"namc curate embed: {err}", file=sys.stderr)
+        if is_launching_process():  # one run per features folder; the other ranks of this run write under its lock
+            held.enter_context(output_lock(out, shlex.join(["namc", "curate", "embed", *argv])))
+    except (FileNotFoundError, ValueError, OSError, LockedError) as err:
+        print(f"namc curate embed: error: {err}", file=sys.stderr)
         return 2
+    with held:
+        return _embed(args, images, out, lines, encoders)
+
+
+def _embed(args: argparse.Namespace, images: Path, out: Path, lines: Any, encoders: list) -> int:
+    """Embeds the pending shards of ``lines`` with every encoder into ``out``; prints the totals (on rank 0)."""
     names, where = [e.name for e in encoders], str(images.resolve())
     try:
         for e in encoders:  # every rank, before any shard is written: a folder of other settings stops the run here
@@ -379,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 write_meta(folder, meta)  # the same bytes from every rank, written atomically
     except FeaturesError as err:
-        print(f"namc curate embed: {err}", file=sys.stderr)
+        print(f"namc curate embed: error: {err}", file=sys.stderr)
         return 2
     job = EmbedJob(out, names, lines.n_shards)
     complete_before = sum(job.complete(i) for i in range(lines.n_shards))
