@@ -85,7 +85,7 @@ def test_overrides_and_study_errors(tmp_path):
         load_study(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("name", ["table6", "figure3", "table7_8", "table10", "figure4_9"])
+@pytest.mark.parametrize("name", ["table6", "figure3", "table7_8", "table10", "figure4_9", "fusion"])
 def test_shipped_studies_load_and_build_configs(name):
     study = load_study(ROOT / "configs/experiments" / f"{name}.yaml", fast=True)
     assert study.reference in {v.name for v in study.variants} and len(study.seeds) >= 5

@@ -198,7 +198,7 @@ def test_coattention_never_attends_masked_positions(model):
     torch.testing.assert_close(fused, model.mir.interact(x1, x2, m1, m2), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fusion", ["concat", "mdp"])
+@pytest.mark.parametrize("fusion", ["concat", "difference", "mdp"])
 def test_fused_memory_never_reads_masked_content(tokenizer, fusion):
     """Section 3.2.2: masked positions are never attended, fusion included. New content at the masked positions
     (another e_M) leaves E_MIR unchanged wherever both images are unmasked, and at those positions only."""
@@ -215,6 +215,28 @@ def test_fused_memory_never_reads_masked_content(tokenizer, fusion):
     assert clean.any() and (~clean).any()
     torch.testing.assert_close(after[clean], before[clean], atol=1e-6, rtol=1e-5)
     assert (after[~clean] - before[~clean]).abs().amax(-1).min() > 0
+
+
+def test_difference_fusion_is_med_eq7_and_runs_in_int8(tokenizer):
+    """MED's Eq. 7 as MIR's fusion: E_MIR is an FC of the co-attended streams' difference (identical streams give the
+    bias alone at every position), it saves and loads, and the int8 copy quantises it as the concat FC."""
+    from namc.backends.precision import inference_copy, mir_in_bf16
+    from namc.backends.qlinear import Int8DifferenceFusion
+    from namc.models.fusion import DifferenceFusion
+
+    m = namc.create_model("namc_tiny", tokenizer=tokenizer, fusion="difference").eval()
+    fuse = m.mir.fuse
+    assert isinstance(fuse, DifferenceFusion) and fuse.weight.shape == (m.config.dim, m.config.dim)
+    g = torch.Generator().manual_seed(2)
+    y1, y2 = torch.randn(2, 2, 5, m.config.dim, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(fuse(y1, y2), (y1 - y2) @ fuse.weight.T + fuse.bias)
+        assert torch.equal(fuse(y1, y1), fuse.bias.expand_as(y1))
+    int8 = inference_copy(m, "int8")
+    if not mir_in_bf16(m.mir, int8=True):  # on AMX the int8 copy runs MIR in bf16
+        assert isinstance(int8.mir.fuse, Int8DifferenceFusion)
+    x = torch.rand(2, 3, 64, 64, generator=g)
+    assert int8.fdg.generate(int8.encode_pair(x, x.flip(0)), 4).shape[0] == 2
 
 
 def test_generate_checks_its_inputs(model):

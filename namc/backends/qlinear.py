@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from namc.backends import threads
-from namc.models.fusion import ConcatFusion
+from namc.models.fusion import ConcatFusion, DifferenceFusion
 from namc.thresholds import INT8_MIN_WEIGHT  # read at each call: patchable here
 
 __all__ = [
@@ -280,8 +280,22 @@ class Int8ConcatFusion(nn.Module):
         return self.first(x1) + self.second(x2)
 
 
-#: the int8 form of each nn.Linear subclass with a forward of its own (MIR's concat fusion takes ``(x1, x2)``)
-INT8_FORMS: dict[type, Callable[[nn.Linear], nn.Module]] = {ConcatFusion: Int8ConcatFusion}
+class Int8DifferenceFusion(nn.Module):
+    """:class:`~namc.models.fusion.DifferenceFusion` in dynamic int8: ``FC(x1 - x2)``."""
+
+    def __init__(self, fc: nn.Linear) -> None:
+        super().__init__()
+        self.fc = int8_linear(fc.weight.detach(), fc.bias)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        return self.fc(x1 - x2)
+
+
+#: the int8 form of each nn.Linear subclass with a forward of its own (MIR's fusions take ``(x1, x2)``)
+INT8_FORMS: dict[type, Callable[[nn.Linear], nn.Module]] = {
+    ConcatFusion: Int8ConcatFusion,
+    DifferenceFusion: Int8DifferenceFusion,
+}
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> DynamicLinear:

@@ -14,6 +14,10 @@ Register a block with ``@register_fusion("name")`` and pick it with ``NAMCConfig
 ``concat`` is the paper's: ``E_MIR = FC([Y1; Y2])`` (section 3.2.2). It *is* an ``nn.Linear(2D, D)`` so its
 parameters keep the names every saved model has (``mir.fuse.weight``, ``mir.fuse.bias``); it stays the default.
 
+``difference`` is MED's Eq. 7 objective as a fusion: the text decoder reads the feature difference ``I(x) - I(x^)``
+of the two images (MED paper, section 4.3), here ``E_MIR = FC(Y1 - Y2)`` over the co-attended streams
+(:class:`DifferenceFusion`), so a study can set the difference alone against the paper's concatenation.
+
 ``mdp`` is M3Diff's Multi-scale Differential Perception block (OmniDiff paper, section 4.2): gating, a projected
 difference, attention over the difference and a gated sum over scales (the MIR layers), then the same FC
 (:class:`MDPFusion`; the preset ``namc_base_mdp`` uses it).
@@ -28,7 +32,7 @@ from torch import nn
 
 from namc.models.layers import Attention, Block, ensure_attendable, residual
 
-__all__ = ["ConcatFusion", "MDPFusion", "create_fusion", "list_fusions", "register_fusion"]
+__all__ = ["ConcatFusion", "DifferenceFusion", "MDPFusion", "create_fusion", "list_fusions", "register_fusion"]
 
 _FUSIONS: dict[str, type[nn.Module]] = {}
 
@@ -86,6 +90,21 @@ class _CrossAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         return residual(x, self.attn(self.ln_query(x), self.ln_context(context), key_mask=key_mask))  # (B, T, D)
+
+
+@register_fusion("difference")
+class DifferenceFusion(nn.Linear):
+    """MED's Eq. 7 as a fusion: the first stream minus the second, projected by an FC, ``FC(Y1 - Y2)``. Only what
+    differs between the two co-attended images reaches the decoder; a position where both agree contributes the FC's
+    bias alone. The order is the pair's (before minus after), as Eq. 7's ``I(x) - I(x^)`` (original minus edited)."""
+
+    multi_scale = False
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, dim)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x1 - x2)  # (B, N, D)
 
 
 @register_fusion("mdp")

@@ -244,8 +244,9 @@ def _block(dim: int, mlp_ratio: float) -> int:
 
 
 def _fusion(name: str, dim: int) -> int:
-    """MIR's fusion block: the paper's concat + FC, or about 11 D^2 for the larger registered blocks (MDP)."""
-    return 2 * dim * dim + dim if name == "concat" else 12 * dim * dim
+    """MIR's fusion block: the paper's concat + FC, the difference's FC, or about 11 D^2 for the larger registered
+    blocks (MDP)."""
+    return {"concat": 2 * dim * dim + dim, "difference": dim * dim + dim}.get(name, 12 * dim * dim)
 
 
 def _clip_block(width: int, mlp_ratio: float) -> int:
