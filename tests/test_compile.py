@@ -118,3 +118,20 @@ def test_an_onnx_backend_exports_into_a_folder_that_goes_with_it(model, tmp_path
     gc.collect()
     assert not folder.exists()
     assert kept.manifest.directory.is_dir()
+
+
+def test_the_fp32_view_is_kept_until_the_model_changes(model) -> None:
+    """The cpu backend's fp32 path decodes through one view per model (what its step prepared once is reused), made
+    again when a submodule is replaced or the training mode changes; it shares every parameter with the model."""
+    from namc.backends.precision import fp32_view
+
+    view = fp32_view(model)
+    assert fp32_view(model) is view and isinstance(view.fdg, FusedFDG)
+    assert view.fdg.tok.weight is model.fdg.tok.weight and view.mir is model.mir
+    try:
+        model.train()
+        again = fp32_view(model)
+        assert again is not view and again.training and again.fdg.training
+    finally:
+        model.eval()
+    assert fp32_view(model) is not again and not fp32_view(model).fdg.training

@@ -99,6 +99,7 @@ PRECISIONS = ("fp32", "bf16", "int8")
 _CALIBRATION_FORMAT = "namc-int8-calibration/1"
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {precision: (fingerprint, copy)}
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its modules and modes, fp32 view)
 _PEAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (grid fingerprint, int8 activation peaks)
 
 
@@ -242,10 +243,17 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
 
 def fp32_view(model: nn.Module) -> nn.Module:
     """``model`` as the fp32 runtime decodes it: a second handle on the same modules and parameters (nothing copied,
-    ``model`` unchanged) whose decoder takes the fused step (:func:`~namc.backends.step.fused_view`)."""
+    ``model`` unchanged) whose decoder takes the fused step (:func:`~namc.backends.step.fused_view`). Kept per model,
+    so that what the step prepares once (the reordered fp32 matrices, rebuilt when a weight changes) is reused by
+    every generation; made again when a submodule is replaced or the training mode changes."""
+    key = (model.training, model.fdg.training, *(id(m) for m in model._modules.values()))
+    entry = _VIEWS.get(model)
+    if entry is not None and entry[0] == key:
+        return entry[1]
     view = copy.copy(model)
     view._modules = dict(model._modules)
     view._modules["fdg"] = fused_view(model.fdg)
+    _VIEWS[model] = (key, view)
     return view
 
 
