@@ -36,6 +36,7 @@ from namc.backends.precision import (
 from namc.backends.qconv import QuantStem, qconv_available
 from namc.backends.qlinear import KERNELS_ENV, DynamicLinear, int8_kernels
 from namc.backends.step import FusedFDG as FDG
+from namc.backends.step import fuse_decoder
 from namc.data.collate import pad_sequences
 from namc.describe_cli import main as describe_main
 from namc.models.fdg import FDGConfig
@@ -161,9 +162,12 @@ def test_a_pairs_caption_alone_and_in_a_batch(trained, precision):
 
 
 @pytest.mark.slow  # the trained fixture
-def test_fp32_is_the_model_itself(trained):
+def test_fp32_is_a_view_of_the_model_itself(trained):
+    """fp32 copies nothing: a view that shares the model's modules and parameters, its decoder on the fused step."""
     model, images_1, images_2 = trained
-    assert inference_copy(model, "fp32") is model
+    view = inference_copy(model, "fp32")
+    assert view.mir is model.mir and view.grid is model.grid and view.fdg.tok.weight is model.fdg.tok.weight
+    assert isinstance(view.fdg, FDG) and type(model.fdg) is not FDG  # FDG here: the fused FDG of namc.backends.step
     assert torch.equal(model.generate_ids(images_1, images_2), model.generate_ids(images_1, images_2, precision="fp32"))
 
 
@@ -445,7 +449,7 @@ def test_bf16_on_a_cpu_without_onednn_bf16(trained, monkeypatch):
     fp32 = model.generate(images_1, images_2)
     same = [a == b for a, b in zip(fp32, model.generate(images_1, images_2, precision="bf16"))]
     assert all(same[:PAIRS]) and sum(same) / len(same) >= MIN_IDENTICAL
-    fdg = copy.deepcopy(model.fdg).eval().to(torch.bfloat16)
+    fdg = fuse_decoder(copy.deepcopy(model.fdg).eval().to(torch.bfloat16))
     fdg.pack_step("bf16")
     assert not onednn.is_packed(fdg.step_weights()[0].vocab[0])
 

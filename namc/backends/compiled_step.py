@@ -61,11 +61,11 @@ def int8_layers(weights: list) -> int:
 
 
 class FrozenStep(nn.Module):
-    """FDG's eval step with its matrices (``weights``: per layer, as :meth:`FusedFDG._start
-    ` gives them to a compiled step) held as this module's buffers, so that a compiled
-     copy sees them as constants; FDG is a submodule for its embeddings, positions and LayerNorms.
+    """FDG's eval step with its matrices (``weights``: per layer, as :meth:`FusedFDG._start` gives them to a compiled
+    step) held as this module's buffers, so that a compiled copy sees them as constants; FDG is a submodule for its
+    embeddings, positions and LayerNorms.
 
-     Call it as FDG's step without the weights: ``(tokens, position, caches, cross_kv, memory_mask) -> logits``.
+    Call it as FDG's step without the weights: ``(tokens, position, caches, cross_kv, memory_mask) -> logits``.
     """
 
     def __init__(self, fdg: nn.Module, weights: list) -> None:
@@ -121,10 +121,10 @@ class CompiledStep:
 
     def for_generation(self, fused: list) -> Callable[..., torch.Tensor]:
         """The step for the next generation, with FDG's step signature ``(tokens, position, caches, cross_kv,
-         memory_mask, fused) -> logits``; ``fused``: the generation's step weights, which a frozen step holds (and
-         then ignores in its calls), compiled again when they went stale. Compilation itself happens at the first
-         call (5-15 s on a CPU). An int8 copy's step (``pack_step("int8")`` after :meth:`FusedFDG.compile_step
-        `) raises ``ValueError``, as ``compile_step`` does on one."""
+        memory_mask, fused) -> logits``; ``fused``: the generation's step weights, which a frozen step holds (and
+        then ignores in its calls), compiled again when they went stale. Compilation itself happens at the first
+        call (5-15 s on a CPU). An int8 copy's step (``pack_step("int8")`` after :meth:`FusedFDG.compile_step`)
+        raises ``ValueError``, as ``compile_step`` does on one."""
         _refuse_int8(fused)
         if not self.freeze:
             if self._compiled is None:
