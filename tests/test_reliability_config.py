@@ -317,6 +317,52 @@ def test_a_deeply_nested_study_file_is_one_line(tmp_path: Path) -> None:
         load_study(path)
 
 
+def _laughs(levels: int = 9) -> str:
+    """The "billion laughs": each level aliases the one before it nine times (9**levels values expanded)."""
+    text = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    names = "abcdefghij"
+    for prev, name in zip(names, names[1 : levels + 1], strict=False):
+        text += f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
+    return text
+
+
+def test_a_study_file_whose_aliases_expand_without_bound_is_one_line(tmp_path: Path) -> None:
+    from namc.experiment.study import StudyError, load_study
+
+    path = tmp_path / "laughs.yaml"
+    path.write_text(_laughs())
+    with pytest.raises(StudyError, match=rf"^{path}: not a readable YAML file: expands to more than 1,000,000 values"):
+        load_study(path)  # the walk stops at the budget, not after 9**9 values
+
+
+def test_the_yaml_reader_refuses_duplicate_keys_and_recursive_aliases_and_keeps_merge_keys() -> None:
+    from namc.yamltext import YAMLTextError, load_yaml
+
+    with pytest.raises(YAMLTextError, match=r"^duplicate key 'x' on line 3$"):
+        load_yaml("x: 1\ny: 2\nx: 3\n")
+    with pytest.raises(YAMLTextError, match="expands to more than 100 values"):
+        load_yaml("a: &a [*a]\n", max_values=100)
+    assert load_yaml("base: &b {x: 1, y: 2}\nz:\n  <<: *b\n  x: 5\n") == {
+        "base": {"x": 1, "y": 2},
+        "z": {"x": 5, "y": 2},
+    }
+    assert load_yaml(_laughs(3)) is not None  # 9**3 values: inside the budget
+    with pytest.raises(YAMLTextError, match="expands to more than 500 values"):
+        load_yaml(_laughs(3), max_values=500)
+
+
+def test_a_pipeline_config_with_a_duplicate_key_names_the_file(tmp_path: Path) -> None:
+    from namc.curate.config import ConfigError as PipelineConfigError
+    from namc.curate.config import load_section
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("describe: {model: a}\ndescribe: {model: b}\n")
+    with pytest.raises(
+        PipelineConfigError, match=rf"^{path}: not a readable YAML file: duplicate key 'describe' on line 2$"
+    ):
+        load_section(path, "describe")
+
+
 def test_experiment_run_refuses_a_folder_another_run_holds(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from namc.experiment.cli import main
     from namc.locks import output_lock

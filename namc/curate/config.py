@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from namc.yamltext import YAMLTextError, load_yaml
+
 __all__ = ["ConfigError", "add_config_arguments", "load_section", "parse_with_config"]
 
 SHARED_KEYS = ("workdir", "sources")
@@ -39,10 +41,10 @@ def load_section(path: str | Path, section: str) -> dict[str, Any]:
     """The ``section`` mapping of a pipeline YAML, with the shared top-level keys added (section keys win)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
+        data = load_yaml(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+    except (OSError, UnicodeDecodeError, YAMLTextError) as err:
         raise ConfigError(f"{path}: not a readable YAML file: {str(err).splitlines()[0]}") from None
     if data is None:
         data = {}

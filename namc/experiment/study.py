@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from namc.yamltext import YAMLTextError, load_yaml
+
 __all__ = ["Study", "StudyError", "Variant", "check_model_section", "config_hash", "load_study", "set_dotted"]
 
 _TOP_KEYS = {
@@ -145,20 +147,15 @@ def _mapping(value: Any, where: str, path: Path) -> dict[str, Any]:
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     """A YAML mapping; a missing, oversized, unreadable or too deeply nested file is a :class:`StudyError`."""
-    import yaml
-
     if not path.is_file():
         raise StudyError(f"{what} {path} does not exist")
     size = path.stat().st_size
     if size > _MAX_YAML_BYTES:
         raise StudyError(f"{path}: {size:,} bytes, over the limit of {_MAX_YAML_BYTES:,} for a {what}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except RecursionError:  # PyYAML composes nested collections recursively
-        raise StudyError(f"{path}: not a readable YAML file: nested too deeply") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        first = " ".join(str(err).split())
-        raise StudyError(f"{path}: not a readable YAML file: {first}") from None
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except (YAMLTextError, UnicodeDecodeError) as err:
+        raise StudyError(f"{path}: not a readable YAML file: {err}") from None
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a mapping at the top level")
     return data
