@@ -8,8 +8,9 @@ nothing.
 
 Every run captions the same pairs in the same batches, greedily, at the model's ``max_new_tokens``: ``torch:fp32``
 (the model core, eager; the reference), namc's ``cpu`` path in fp32 / bf16 / int8, and the ONNX Runtime and OpenVINO
-graphs (exported once from the model folder). fp32 backends should give the reference's ids; bf16 and int8 change a
-few near-tie captions, which CIDEr-D shows. docs/performance.md shows the stored reports (``python
+graphs (exported once from the model folder; their int8 graphs once more, calibrated on the first
+``--calibration-pairs`` pairs of the training split). fp32 backends should give the reference's ids; bf16 and int8
+change a few near-tie captions, which CIDEr-D shows. docs/performance.md shows the stored reports (``python
 benchmarks/tables.py``).
 """
 
@@ -24,7 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-RUNS = ["torch:fp32", "cpu:fp32", "cpu:bf16", "cpu:int8", "onnxruntime:fp32", "openvino:fp32"]
+RUNS = [
+    "torch:fp32",
+    "cpu:fp32",
+    "cpu:bf16",
+    "cpu:int8",
+    "onnxruntime:fp32",
+    "openvino:fp32",
+    "onnxruntime:int8",
+    "openvino:int8",
+]
 
 
 def _parse() -> argparse.Namespace:
@@ -36,6 +46,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--runs", nargs="+", default=RUNS, help=f"backend:precision, the first the reference ({RUNS})")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per call (default 32)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    parser.add_argument(
+        "--calibration-pairs", type=int, default=64, help="training pairs the int8 graphs calibrate on (default 64)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="the JSON report to write")
     return parser.parse_args()
 
@@ -43,6 +56,24 @@ def _parse() -> argparse.Namespace:
 def _commit() -> str | None:
     done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     return done.stdout.strip() or None
+
+
+def _calibration(args: argparse.Namespace, image_size: int) -> list:
+    """The first ``--calibration-pairs`` readable pairs of the training split, in batches of 16."""
+    import torch
+
+    from namc.data.idc import build_benchmark
+
+    train = build_benchmark(args.dataset, args.root, "train", image_size)
+    items = [item for item in (train[i] for i in range(min(len(train), 2 * args.calibration_pairs))) if item]
+    items = items[: args.calibration_pairs]
+    return [
+        (
+            torch.stack([it["image1"] for it in items[i : i + 16]]),
+            torch.stack([it["image2"] for it in items[i : i + 16]]),
+        )
+        for i in range(0, len(items), 16)
+    ]
 
 
 def main() -> None:
@@ -61,15 +92,18 @@ def main() -> None:
     items = [data[i] for i in range(len(data))]
     items = [item for item in items if item is not None]
     references = {item["id"]: item["captions"] for item in items}
-    export = Path(tempfile.mkdtemp(prefix="namc-quality-")) / "export"
+    work = Path(tempfile.mkdtemp(prefix="namc-quality-"))
+    exports = {"fp32": work / "export", "int8": work / "export-int8"}
     runs: list[dict[str, Any]] = []
     reference: dict[str, Any] | None = None
     with CaptionEvaluator(spice=False) as evaluator:
         for run in args.runs:
             backend, precision = run.split(":", 1)
             if backend in ("onnxruntime", "openvino"):
+                export = exports[precision]
                 if not export.exists():
-                    export_onnx(args.model, export)
+                    pairs = _calibration(args, model.config.image_size) if precision == "int8" else None
+                    export_onnx(args.model, export, precision=precision, calibration=pairs)
                 captioner = load_captioner(export, backend, threads=args.threads)
             else:
                 captioner = namc.compile(model, backend, precision)

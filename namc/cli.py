@@ -64,7 +64,7 @@ _COMMANDS: dict[str, tuple[str, str | None]] = {
     "benchmark": ("namc.eval.throughput", None),
     "data": ("namc.data.cli", None),
     "convert-clip": ("namc.convert_cli", None),
-    "export": ("namc.deploy.cli", "deploy"),
+    "export": ("namc.export_cli", "deploy"),
     "eval": ("namc.eval.captions", "train"),
     "demo": ("namc.lit.demo", "train"),
     "curate": ("namc.curate.cli", "curate"),

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "BF16 / AMX; a narrow model's small layers stay fp32, and every layer on a CPU without AVX-512; CUDA: "
         "autocast); "
         "int8 (CPU only: dynamic int8 linear layers; the ResNet grid in static int8 where the model folder has an "
-        "int8_calibration.json, written by save_pretrained after model.calibrate_int8)",
+        "int8_calibration.json, written by save_pretrained after a calibrate_int8)",
     )
     words = parser.add_mutually_exclusive_group()
     words.add_argument(

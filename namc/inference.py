@@ -302,24 +302,33 @@ def _error(message: str, code: int) -> int:
 def _load_backend(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Captioner | OnnxCaptioner:
     """``--model`` on ``--backend`` (default: :func:`namc.compile`'s for ``--device``): torch, cpu and cuda load the
     model onto ``--device`` and compile it; onnxruntime and openvino load an export folder (``namc export onnx``) on
-    that runtime, or export a model folder first (CPU, fp32, greedy for now; a setting they do not run is a usage
-    error)."""
+    that runtime at the export's precision, or export a model folder in fp32 first (CPU, greedy; a setting they do
+    not run is a usage error)."""
     backend = args.backend or default_backend(args.device)
     if backend in ("onnxruntime", "openvino"):
         if args.device.type != "cpu":
             parser.error(f"argument --device: the {backend} backend runs on the CPU, not on {args.device}")
-        if args.precision != "fp32":
-            parser.error(f"argument --precision: {args.precision} is not available yet on the {backend} backend")
         if args.beams != 1:
             parser.error(f"argument --beams: the {backend} backend decodes greedily (--beams 1)")
         if (Path(args.model) / MANIFEST_FILE).is_file():
-            return load_captioner(args.model, backend)
+            captioner = load_captioner(args.model, backend)
+            if captioner.precision != args.precision:
+                parser.error(
+                    f"argument --precision: {args.model} is a {captioner.precision} export: --precision "
+                    f"{captioner.precision}"
+                )
+            return captioner
+        if args.precision != "fp32":
+            parser.error(
+                f"argument --precision: {args.precision} on {backend} runs an export calibrated on your images: "
+                f"namc export onnx MODEL OUT --precision {args.precision} --calibration PAIRS, then --model OUT"
+            )
     if backend == "cuda" and args.device.type != "cuda":
         parser.error(f"argument --backend: cuda needs --device cuda, not {args.device}")
     if backend == "cpu" and args.device.type != "cpu":
         parser.error(f"argument --backend: cpu runs on --device cpu, not {args.device}")
     if args.precision == "int8" and backend != "cpu":
-        parser.error(f"argument --precision: int8 runs on the cpu backend (--device cpu), not {backend}")
+        parser.error(f"argument --precision: int8 runs on the cpu, onnxruntime and openvino backends, not {backend}")
     return compile(load_model(args.model, pretraining=False).to(args.device), backend, args.precision)
 
 

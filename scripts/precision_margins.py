@@ -52,7 +52,7 @@ def main() -> None:
         smallest.append(torch.nan_to_num(margin, nan=float("inf")).min(1).values)
         n += ref.shape[0]
         for q in args.precisions:
-            low = model.generate_ids(batch["image1"], batch["image2"], precision=q)
+            low = namc.compile(model, "cpu", q).generate_ids(batch["image1"], batch["image2"])
             T = max(ref.shape[1], low.shape[1])
             a = torch.nn.functional.pad(ref, (0, T - ref.shape[1]), value=model.fdg.pad_id)
             b = torch.nn.functional.pad(low, (0, T - low.shape[1]), value=model.fdg.pad_id)

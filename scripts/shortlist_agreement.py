@@ -17,6 +17,7 @@ import argparse
 import _eval_split  # scripts/_eval_split.py
 import torch
 
+import namc
 from namc.backends.precision import PRECISIONS
 
 
@@ -31,8 +32,9 @@ def main() -> None:
     listed = set(short.ids.tolist()) | {model.fdg.pad_id}
     for batch in loader:
         for q in args.precisions:
-            full = model.generate_ids(batch["image1"], batch["image2"], precision=q)
-            restricted = model.generate_ids(batch["image1"], batch["image2"], precision=q, vocabulary=short)
+            captioner = namc.compile(model, "cpu", q)
+            full = captioner.generate_ids(batch["image1"], batch["image2"])
+            restricted = captioner.generate_ids(batch["image1"], batch["image2"], vocabulary=short)
             T = max(full.shape[1], restricted.shape[1])
             full, restricted = (
                 torch.nn.functional.pad(x, (0, T - x.shape[1]), value=model.fdg.pad_id) for x in (full, restricted)

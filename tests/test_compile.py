@@ -76,8 +76,8 @@ def test_bf16_on_the_torch_backend_autocasts(model, pairs) -> None:
     ("backend", "precision", "words"),
     [
         ("tensorrt", "fp32", "unknown backend 'tensorrt'"),
-        ("torch", "int8", "int8 runs on the cpu backend"),
-        ("onnxruntime", "bf16", "runs fp32, not 'bf16'"),
+        ("torch", "int8", "int8 runs on the cpu, onnxruntime and openvino backends"),
+        ("onnxruntime", "bf16", "runs fp32, int8, not 'bf16'"),
         ("cuda", "fp32", "needs the model on a GPU"),
         ("cpu", "fp16", "runs fp32, bf16, int8, not 'fp16'"),
     ],

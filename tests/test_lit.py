@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from namc.backends import onednn, precision
+from namc.backends.compile import compile  # noqa: A004 - namc.compile
 from namc.backends.qconv import qconv_available
 from namc.data.pairs import PairListDataset, read_pair_list
 from namc.data.synthetic import generate_benchmark, generate_corpus, render_scene
@@ -315,7 +316,7 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
     dm.setup("test")
     batch = next(iter(dm.test_dataloader()))
     ids = module._generate_ids(batch)
-    assert torch.equal(ids, module.model.generate_ids(batch["image1"], batch["image2"], 23, precision="bf16"))
+    assert torch.equal(ids, compile(module.model, "cpu", "bf16").generate_ids(batch["image1"], batch["image2"], 23))
     assert not module._grids  # from the pixels through the bf16 copy, not from the fp32 grid cache
     assert set(precision._COPIES[module.model]) == {"bf16"}  # generation built (only) the bf16 copy
     trainer = _trainer(fast_dev_run=True)
@@ -335,11 +336,12 @@ def test_finetune_generates_at_the_inference_precision(shapes: dict, pretrained_
         assert (precision.int8_calibration(module.model) is None) is (pairs == 0)
         assert isinstance(module.scores["test"]["overall"]["CIDEr-D"], float)
     ids = module._generate_ids(batch)
-    assert torch.equal(ids, module.model.generate_ids(batch["image1"], batch["image2"], 23, precision="int8"))
+    assert torch.equal(ids, compile(module.model, "cpu", "int8").generate_ids(batch["image1"], batch["image2"], 23))
 
     # a pretrained folder's calibration: replaced by the run's own (training pairs), dropped with 0 pairs
     model = load_model(path, pretraining=False)
-    model.calibrate_int8([0.1 * torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))])  # dim images
+    dim = [0.1 * torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))]  # dim images
+    precision.calibrate_int8(model, dim)
     folder = model.save_pretrained(tmp_path / "calibrated")
     saved = precision.int8_calibration(model)
     for pairs in (0, 12):

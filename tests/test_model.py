@@ -242,10 +242,10 @@ def test_difference_fusion_is_med_eq7_and_runs_in_int8(tokenizer):
 def test_generate_checks_its_inputs(model):
     model.eval()
     x = torch.rand(2, 3, 64, 64)
-    for precision in ("fp32", "int8"):  # int8 must not broadcast (2, 1) against (1, 2) into two captions
+    for runner in (model, namc.compile(model, "cpu", "int8")):  # int8 must not broadcast (2, 1) against (1, 2)
         with pytest.raises(ValueError, match="different numbers of pairs"):
-            model.generate(x, x[:1], precision=precision)
-        assert model.generate(x[:0], x[:0], precision=precision) == []
+            runner.generate(x, x[:1])
+        assert runner.generate(x[:0], x[:0]) == []
     with pytest.raises(ValueError, match=r"images_2 must be \(B, 3, 64, 64\) for this model, got \(2, 3, 32, 32\)"):
         model.generate(x, torch.rand(2, 3, 32, 32))
     with pytest.raises(ValueError, match="floats in \\[0, 1\\], got torch.uint8"):
@@ -406,7 +406,7 @@ def test_a_clip_bpe_model_saves_again_into_its_own_folder(tmp_path):
     model = namc.create_model("namc_tiny", tokenizer="clip_bpe").eval()
     model.save_pretrained(tmp_path)
     loaded = namc.from_pretrained(tmp_path)
-    loaded.calibrate_int8([torch.rand(2, 3, 64, 64)])
+    namc.compile(loaded, "cpu", "int8").calibrate_int8([torch.rand(2, 3, 64, 64)])
     with torch.no_grad():
         loaded.fdg.tok.weight[0, 0] += 1
     loaded.save_pretrained(tmp_path)

@@ -39,6 +39,7 @@ from namc.backends.step import FusedFDG as FDG
 from namc.backends.step import fuse_decoder
 from namc.data.collate import pad_sequences
 from namc.describe_cli import main as describe_main
+from namc.models.calibration import GridCalibration
 from namc.models.fdg import FDGConfig
 from namc.models.grid import GridEncoder
 
@@ -136,7 +137,7 @@ def test_low_precision_captions_agree_with_fp32(trained, precision, monkeypatch)
             assert isinstance(stem, QuantStem) and stem.plain is (int8_kernels() == "plain")
         else:  # no exact int8 convolution in this torch build: the calibrated grid runs fused in fp32
             assert type(stem) is onednn.FusedConv and not qconv_available()
-    low = model.generate(images_1, images_2, precision=precision)
+    low = namc.compile(model, "cpu", precision).generate(images_1, images_2)
     same = [a == b for a, b in zip(fp32, low)]
     assert all(same[:PAIRS])  # the trained pairs have wide margins
     assert sum(same) / len(same) >= MIN_IDENTICAL, list(zip(fp32, low))
@@ -150,10 +151,9 @@ def test_a_pairs_caption_alone_and_in_a_batch(trained, precision):
     rows, and int8's dynamic layers quantise each call's activations with one scale for all its rows, so a near-tie
     can fall the other way (on the demo's width-32 models 2-8% of the captions differ between batch 1 and 100)."""
     model, images_1, images_2 = trained
-    together = model.generate(images_1, images_2, precision=precision)
-    alone = [
-        model.generate(images_1[i : i + 1], images_2[i : i + 1], precision=precision)[0] for i in range(len(together))
-    ]
+    captioner = namc.compile(model, "cpu", precision)
+    together = captioner.generate(images_1, images_2)
+    alone = [captioner.generate(images_1[i : i + 1], images_2[i : i + 1])[0] for i in range(len(together))]
     same = [a == b for a, b in zip(together, alone)]
     if precision == "fp32":
         assert all(same), list(zip(together, alone))
@@ -168,7 +168,8 @@ def test_fp32_is_a_view_of_the_model_itself(trained):
     view = inference_copy(model, "fp32")
     assert view.mir is model.mir and view.grid is model.grid and view.fdg.tok.weight is model.fdg.tok.weight
     assert isinstance(view.fdg, FDG) and type(model.fdg) is not FDG  # FDG here: the fused FDG of namc.backends.step
-    assert torch.equal(model.generate_ids(images_1, images_2), model.generate_ids(images_1, images_2, precision="fp32"))
+    cpu = namc.compile(model, "cpu")
+    assert torch.equal(model.generate_ids(images_1, images_2), cpu.generate_ids(images_1, images_2))
 
 
 @pytest.mark.slow  # the trained fixture
@@ -394,7 +395,7 @@ def test_fused_conv_lays_out_its_weights_per_input_shape():
 )
 @needs_bf16
 def test_first_bf16_call_builds_the_fused_copy(monkeypatch):
-    """The oneDNN probes answer the same under autocast: ``generate(precision="bf16")`` as a process's first
+    """The oneDNN probes answer the same under autocast: a bf16 captioner's ``generate`` as a process's first
     low-precision call (probes not yet run, perhaps under a caller's autocast) gets the fused grid and the prepacked
     decoding step. (The probes once ran under the call's autocast, compared a bf16 reference with the fp32 kernel,
     and turned both paths off for the process.)"""
@@ -407,7 +408,7 @@ def test_first_bf16_call_builds_the_fused_copy(monkeypatch):
     torch.manual_seed(0)
     model = namc.create_model("namc_tiny", pretraining=False).eval()
     images = torch.rand(2, 3, 64, 64)
-    model.generate_ids(images, images, max_new_tokens=2, precision="bf16")
+    namc.compile(model, "cpu", "bf16").generate_ids(images, images, max_new_tokens=2)
     twin = inference_copy(model, "bf16")
     assert any(isinstance(m, onednn.FusedBlock) for m in twin.grid.modules())
     assert twin.fdg._packed_step[0].vocab[0].is_mkldnn
@@ -427,7 +428,7 @@ def test_bf16_without_onednn(trained, monkeypatch):
     assert not any(isinstance(m, onednn.FusedConv) for m in twin.grid.modules())
     assert not onednn.is_packed(twin.fdg.step_weights()[0].vocab[0])
     fp32 = model.generate(images_1, images_2)
-    same = [a == b for a, b in zip(fp32, model.generate(images_1, images_2, precision="bf16"))]
+    same = [a == b for a, b in zip(fp32, namc.compile(model, "cpu", "bf16").generate(images_1, images_2))]
     assert all(same[:PAIRS]) and sum(same) / len(same) >= MIN_IDENTICAL
 
 
@@ -447,7 +448,7 @@ def test_bf16_on_a_cpu_without_onednn_bf16(trained, monkeypatch):
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in twin.grid.modules())
     assert onednn.conv_available() is any(isinstance(m, onednn.FusedConv) for m in twin.grid.modules())
     fp32 = model.generate(images_1, images_2)
-    same = [a == b for a, b in zip(fp32, model.generate(images_1, images_2, precision="bf16"))]
+    same = [a == b for a, b in zip(fp32, namc.compile(model, "cpu", "bf16").generate(images_1, images_2))]
     assert all(same[:PAIRS]) and sum(same) / len(same) >= MIN_IDENTICAL
     fdg = fuse_decoder(copy.deepcopy(model.fdg).eval().to(torch.bfloat16))
     fdg.pack_step("bf16")
@@ -533,3 +534,23 @@ def test_describe_rejects_an_unknown_precision(tmp_path, capsys):
         describe_main(["a.png", "b.png", "--model", str(tmp_path), "--precision", "fp8"])
     assert exit_info.value.code == 2
     assert "--precision" in capsys.readouterr().err
+
+
+def test_the_int8_calibration_is_model_data(tmp_path):
+    """The grid's int8 calibration is data the model carries (namc.models.calibration): the runtime sets it, the model
+    saves and restores it as its weights, and it stops counting once the grid's weights change."""
+    torch.manual_seed(0)
+    model = namc.create_model("namc_tiny", pretraining=False).eval()
+    assert model.grid_calibration is None and int8_calibration(model) is None
+    calibrate_int8(model, [torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))])
+    assert isinstance(model.grid_calibration, GridCalibration)
+    peaks = model.grid_calibration.current(model.grid)
+    assert peaks is not None and int8_calibration(model) == peaks
+    loaded = namc.NAMC.from_pretrained(model.save_pretrained(tmp_path / "m"))
+    assert loaded.grid_calibration.current(loaded.grid) == peaks
+    assert "grid_calibration" not in "".join(loaded.state_dict())  # not a weight: checkpoints load as they did
+    with torch.no_grad():
+        next(loaded.grid.parameters()).add_(1.0)
+    assert loaded.grid_calibration.current(loaded.grid) is None and int8_calibration(loaded) is None
+    loaded.save_pretrained(tmp_path / "m")  # a stale calibration is not saved
+    assert not (tmp_path / "m" / CALIBRATION_FILE).exists()

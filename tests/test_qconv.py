@@ -20,6 +20,7 @@ from namc.backends import onednn, qconv
 from namc.backends.grid import fold_batchnorm, fuse_grid, grid_int8_peaks, quantize_grid
 from namc.backends.precision import (
     CALIBRATION_FILE,
+    calibrate_int8,
     inference_copy,
     int8_calibration,
     int8_grid,
@@ -206,12 +207,12 @@ def test_calibrate_int8_switches_the_copy_grid_until_the_grid_changes():
     assert int8_grid(model) == "fp32" and int8_calibration(model) is None
     before = inference_copy(model, "int8")
     assert not any(isinstance(m, qconv.QuantBlock) for m in before.modules())
-    model.calibrate_int8([a, b])  # the method and namc.backends.precision.calibrate_int8 are one
+    calibrate_int8(model, [a, b])
     static = qconv.qconv_available()  # else (no oneDNN int8 convolution) the calibrated grid runs fused in fp32
     assert int8_calibration(model) is not None and int8_grid(model) == ("int8" if static else "fp32")
     twin = inference_copy(model, "int8")
     assert twin is not before and any(isinstance(m, qconv.QuantBlock) for m in twin.grid.modules()) is static
-    ids = model.generate_ids(a, b, max_new_tokens=5, precision="int8")
+    ids = namc.compile(model, "cpu", "int8").generate_ids(a, b, max_new_tokens=5)
     assert ids.shape[0] == 4
     with torch.no_grad():
         next(model.grid.parameters()).mul_(1.5)  # new grid weights: the peaks no longer describe them
@@ -223,7 +224,7 @@ def _calibrated(seed: int = 0) -> tuple[namc.NAMC, torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
     model = namc.create_model("namc_tiny", pretraining=False).eval()
     a, b = torch.rand(2, 4, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
-    model.calibrate_int8([a, b])
+    calibrate_int8(model, [a, b])
     return model, a, b
 
 
@@ -235,8 +236,9 @@ def test_saved_model_keeps_its_int8_calibration(tmp_path):
     assert CALIBRATION_FILE in json.loads((folder / "config.json").read_text())["files"]  # vouched for by digest
     loaded = namc.NAMC.from_pretrained(folder)
     assert int8_calibration(loaded) == peaks
-    assert torch.equal(loaded.generate_ids(a, b, 5, precision="int8"), model.generate_ids(a, b, 5, precision="int8"))
-    assert namc.load_model(folder).generate(a, b, precision="int8") == model.generate(a, b, precision="int8")
+    int8 = namc.compile(model, "cpu", "int8")
+    assert torch.equal(namc.compile(loaded, "cpu", "int8").generate_ids(a, b, 5), int8.generate_ids(a, b, 5))
+    assert namc.compile(namc.load_model(folder), "cpu", "int8").generate(a, b) == int8.generate(a, b)
     plain = namc.create_model("namc_tiny", pretraining=False)
     plain.save_pretrained(folder)  # an uncalibrated model saved over it: the old calibration goes
     assert not (folder / CALIBRATION_FILE).exists()

@@ -228,7 +228,7 @@ def test_a_saved_model_keeps_its_training_shortlist(tmp_path, caplog: pytest.Log
     # copies share it (inference copies, deepcopy); a pickle carries the ids, not the prepared rows
     short = again.training_shortlist
     assert copy.deepcopy(again).training_shortlist is short
-    again.generate(*torch.rand(2, 1, 3, 64, 64), precision="int8", vocabulary=short)
+    namc.compile(again, "cpu", "int8").generate(*torch.rand(2, 1, 3, 64, 64), vocabulary=short)
     assert short._heads
     clone = pickle.loads(pickle.dumps(short))
     assert clone.ids.tolist() == short.ids.tolist() and not clone._heads

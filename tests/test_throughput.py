@@ -18,7 +18,7 @@ from torch import nn
 import namc
 from namc.backends import onednn
 from namc.backends.onednn import OneDNNLinear
-from namc.backends.precision import int8_calibration
+from namc.backends.precision import calibrate_int8, int8_calibration
 from namc.backends.qconv import qconv_available
 from namc.backends.qlinear import DynamicLinear, full_range, int8_kernels
 from namc.backends.step import InplaceGELU as GELU
@@ -47,7 +47,7 @@ def report(tmp_path_factory) -> dict:
 
 @pytest.mark.slow  # the module's report runs the benchmark with the full-size peer
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 11
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 12
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -391,7 +391,7 @@ def test_int8_grid_of_a_calibrated_model(tmp_path):
     """A saved folder's calibration runs as the static grid and ``--int8-grid fp32`` still means fp32; a model passed
     to run_benchmark leaves with the calibration it came with (none stays none: the synthetic scales do not stick)."""
     model = namc.create_model("namc_tiny", pretraining=False).eval()
-    model.calibrate_int8([torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))])
+    calibrate_int8(model, [torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(1))])
     peaks = int8_calibration(model)
     model.save_pretrained(tmp_path / "tiny")
     for grid, want in (("static", STATIC_GRID), ("fp32", "fp32")):
@@ -652,3 +652,75 @@ def test_gpu_script_stops_at_once_without_a_gpu(tmp_path):
         "gpu.sh: no CUDA GPU here (nvidia-smi finds none); DEVICE=cpu DTYPE=float32 MODEL=namc_tiny is a dry run\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_backend_runs_through_the_command_line(tmp_path, capsys):
+    """``--backend`` times each run through namc.compile at decode and e2e, and every row names its run."""
+    out = tmp_path / "backends.json"
+    argv = ["--model", "namc_tiny", "--batch-sizes", "2", "--reference", "none", "--output", str(out), "--threads"]
+    argv += ["1", "--repeats", "1", "--warmup", "0", "--gemm-size", "32", "--max-new-tokens", "3"]
+    assert tp.main([*argv, "--backend", "cpu:fp32", "cpu:int8", "torch"]) == 0
+    report = json.loads(out.read_text())
+    assert tp.validate_report(report) == []
+    assert report["settings"]["backends"] == ["cpu:fp32", "cpu:int8", "torch"]
+    assert report["settings"]["modes"] == ["decode", "e2e"]
+    rows = [(e["backend"], e["precision"], e["mode"]) for e in report["inference"]]
+    assert rows == [
+        (*run, m) for run in (("cpu", "fp32"), ("cpu", "int8"), ("torch", "fp32")) for m in ("decode", "e2e")
+    ]
+    assert all(e["tokens_per_call"] == 3 * 2 for e in report["inference"])  # the fixed length on every backend
+    table = capsys.readouterr().out
+    assert "cpu:int8" in table and "torch:fp32" in table
+
+
+def test_rows_without_backends_are_the_cpu_copy():
+    """Without ``--backend`` the rows are the cpu backend's copy at ``--precision`` (and so tagged)."""
+    settings = tp.BenchmarkSettings(
+        model="namc_tiny",
+        batch_sizes=(1,),
+        modes=("decode",),
+        precision="int8",
+        int8_grid="fp32",
+        repeats=1,
+        warmup=0,
+        gemm_size=32,
+        max_new_tokens=2,
+        threads=1,
+        reference="decode",
+    )
+    report = tp.run_benchmark(settings)
+    assert {(e["backend"], e["precision"]) for e in report["inference"] + report["reference"]} == {("cpu", "int8")}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "tpu"], "want BACKEND or BACKEND:PRECISION"),
+        (["--backend", "cpu:fp16"], "want BACKEND or BACKEND:PRECISION"),
+        (["--backend", "cpu", "cpu:fp32"], "names a run twice"),
+        (["--backend", "cpu", "--modes", "grid"], "with backends the levels are decode and e2e"),
+        (["--backend", "onnxruntime:bf16"], "the onnxruntime backend runs"),
+    ],
+)
+def test_bad_backend_runs_are_one_line_errors(argv, message, capsys):
+    assert tp.main(["--model", "namc_tiny", "--reference", "none", *QUICK, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow  # namc_base, an ONNX export and the full-size peer
+def test_namc_base_on_every_cpu_backend_beside_the_peer(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "base.json"
+    runs = ["cpu:fp32", "cpu:int8", "onnxruntime:fp32"]
+    argv = ["--model", "namc_base", "--batch-sizes", "1", "32", "--reference", "clip4idc", "--output", str(out)]
+    argv += ["--repeats", "1", "--warmup", "0", "--gemm-size", "128", "--backend", *runs]
+    assert tp.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert tp.validate_report(report) == []
+    got = {(e["backend"], e["precision"], e["batch_size"], e["mode"]) for e in report["inference"]}
+    assert got == {(*r.split(":"), n, m) for r in runs for n in (1, 32) for m in ("decode", "e2e")}
+    peer = {(r["backend"], r["precision"], r["batch_size"], r["mode"]) for r in report["reference"]}
+    assert peer == {(*r.split(":"), n, m) for r in runs for n in (1, 32) for m in ("clip4idc_decode", "clip4idc_e2e")}
+    assert all(r["speedup"] > 0 and r["namc_time_s"]["n"] == 1 for r in report["reference"])
+    assert "CLIP4IDC peer" in capsys.readouterr().out

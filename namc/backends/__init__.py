@@ -9,7 +9,7 @@ a caption, at a chosen precision.
 
 ``namc.compile(model, backend=..., precision=...)`` (:mod:`namc.backends.compile`) is the one entry point: it
 returns a captioner with :class:`~namc.models.NAMC`'s ``generate`` / ``generate_ids``. The model core imports none
-of these (tests/test_architecture.py checks it, but for ``NAMC.generate``'s ``precision=``).
+of these (tests/test_architecture.py checks it).
 
 This package's ``__init__`` imports nothing, so that the command line can list the backends without torch.
 """

@@ -14,8 +14,10 @@ backend                   precisions          what runs
                                               and, once calibrated, a static int8 grid (:mod:`namc.backends.precision`)
 ``cuda``                  fp32, bf16          the model on a GPU; greedy decoding in fixed-shape steps replayed as
                                               CUDA graphs (:mod:`namc.backends.static_decode`)
-``onnxruntime``           fp32                the model exported to ONNX (:mod:`namc.deploy`), run by ONNX Runtime
-``openvino``              fp32                the same graphs, run by OpenVINO
+``onnxruntime``           fp32, int8          the model exported to ONNX (:mod:`namc.deploy`), run by ONNX Runtime;
+                                              int8: the graphs quantised by ONNX Runtime's tools, calibrated on
+                                              ``calibration`` pairs (:mod:`namc.deploy.quantize`)
+``openvino``              fp32, int8          the same graphs, run by OpenVINO
 ========================  ==================  ===================================================================
 
 The default backend is ``cpu`` for a model on a CPU and ``cuda`` for one on a GPU. ``onnxruntime`` and ``openvino``
@@ -52,8 +54,8 @@ PRECISIONS_OF: dict[str, tuple[str, ...]] = {
     "torch": ("fp32", "bf16"),
     "cpu": PRECISIONS,
     "cuda": ("fp32", "bf16"),
-    "onnxruntime": ("fp32",),
-    "openvino": ("fp32",),
+    "onnxruntime": ("fp32", "int8"),
+    "openvino": ("fp32", "int8"),
 }
 
 
@@ -81,13 +83,14 @@ def _check(backend: str, precision: str, device: torch.device) -> None:
     if precision not in PRECISIONS_OF[backend]:
         raise ValueError(
             f"the {backend} backend runs {', '.join(PRECISIONS_OF[backend])}, not {precision!r}"
-            + (" (int8 runs on the cpu backend)" if precision == "int8" else "")
+            + (" (int8 runs on the cpu, onnxruntime and openvino backends)" if precision == "int8" else "")
         )
     if backend == "cuda" and device.type != "cuda":
         raise ValueError(f"the cuda backend needs the model on a GPU (model.to('cuda')), not on {device}")
     if backend == "cpu" and device.type != "cpu":
         raise ValueError(f"the cpu backend needs the model on the CPU, not on {device}: use backend='cuda'")
-    check_precision(precision, device)
+    if backend not in ("onnxruntime", "openvino"):
+        check_precision(precision, device)
 
 
 class Captioner:
@@ -212,6 +215,7 @@ def compile(  # noqa: A001 - namc.compile, as torch.compile
     precision: str = "fp32",
     export_dir: str | Path | None = None,
     threads: int | None = None,
+    calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Captioner:
     """``model`` made fast on ``backend`` at ``precision`` (module docstring for the backends).
 
@@ -222,6 +226,9 @@ def compile(  # noqa: A001 - namc.compile, as torch.compile
         export_dir: where ``onnxruntime`` / ``openvino`` export the model (None: a temporary folder removed with
             the captioner).
         threads: intra-op threads of the ONNX graphs (None: the runtime's default).
+        calibration: ``onnxruntime`` / ``openvino`` at int8: ``(images_1, images_2)`` batches of (B, 3, S, S) pairs
+            in [0, 1] like the ones to caption (a few hundred pairs), on which the encoder's activation ranges are
+            calibrated.
 
     Raises:
         ValueError: an unknown backend, a precision the backend does not run, or a device it does not run on.
@@ -234,12 +241,17 @@ def compile(  # noqa: A001 - namc.compile, as torch.compile
     _check(backend, precision, device)
     model.eval()
     if backend in ("onnxruntime", "openvino"):
-        return _onnx(model, backend, export_dir, threads)
+        if precision == "int8" and calibration is None:
+            raise ValueError(f"int8 on {backend} needs calibration=[(images_1, images_2), ...]: pairs like yours")
+        pairs = None if calibration is None else [(a.cpu(), b.cpu()) for a, b in calibration]
+        return _onnx(model, backend, export_dir, threads, precision, pairs)
     kind = {"cpu": _CpuCaptioner, "cuda": _CudaCaptioner}.get(backend, Captioner)
     return kind(model, backend, precision)
 
 
-def _onnx(model: NAMC, backend: str, export_dir: str | Path | None, threads: int | None) -> Any:
+def _onnx(
+    model: NAMC, backend: str, export_dir: str | Path | None, threads: int | None, precision: str, pairs: Any
+) -> Any:
     from namc.deploy.captioner import load_captioner, runtime_module
     from namc.deploy.export import export_onnx
 
@@ -247,7 +259,7 @@ def _onnx(model: NAMC, backend: str, export_dir: str | Path | None, threads: int
     folder = Path(export_dir) if export_dir is not None else Path(tempfile.mkdtemp(prefix="namc-onnx-"))
     with tempfile.TemporaryDirectory(prefix="namc-model-") as saved:
         model.save_pretrained(saved)
-        export_onnx(saved, folder)
+        export_onnx(saved, folder, precision=precision, calibration=pairs)
     captioner = load_captioner(folder, backend, threads=threads)
     if export_dir is None:
         weakref.finalize(captioner, shutil.rmtree, folder, ignore_errors=True)

@@ -33,10 +33,9 @@
 
 The speed of each precision on each part is in docs/performance.md.
 
-A calibration is saved with the model (``save_pretrained``): ``int8_calibration.json``, UTF-8 JSON
-``{"format": "namc-int8-calibration/1", "peaks": [[...], ...]}``, one list per ResNet block of the largest activation
-seen at its input, after each convolution but the last, at its output and out of its downsampling shortcut
-(:func:`~namc.backends.qconv.calibrate_resnet`); ``config.json`` records its SHA-256 like the weights'.
+A calibration is data of the model (``model.grid_calibration``, :mod:`namc.models.calibration`): the activation
+peaks :func:`~namc.backends.qconv.calibrate_resnet` records, which ``save_pretrained`` writes to
+``int8_calibration.json`` and ``from_pretrained`` reads back.
 
 The copies are built on first use, kept per model and rebuilt when a parameter of the model changed since
 (an optimiser step bumps the parameter's version counter), so a model trained further never decodes with stale
@@ -57,12 +56,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
-import math
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -74,8 +70,7 @@ from namc.backends.grid import fold_batchnorm, fuse_grid, grid_int8_peaks, quant
 from namc.backends.qlinear import int8_forms, int8_kernels
 from namc.backends.step import fuse_decoder, fused_view
 from namc.backends.versions import fingerprint as _fingerprint
-from namc.models.files import ConfigError, atomic_write_text, read_json
-from namc.models.namc import CALIBRATION_FILE
+from namc.models.calibration import CALIBRATION_FILE, GridCalibration
 from namc.thresholds import MIR_BF16_MIN_WEIGHT
 
 __all__ = [
@@ -86,21 +81,17 @@ __all__ = [
     "inference_copy",
     "int8_calibration",
     "int8_grid",
-    "load_int8_calibration",
     "mir_in_bf16",
     "part_precisions",
     "precision_context",
     "run_context",
-    "save_int8_calibration",
     "set_int8_calibration",
 ]
 
 PRECISIONS = ("fp32", "bf16", "int8")
-_CALIBRATION_FORMAT = "namc-int8-calibration/1"
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {precision: (fingerprint, copy)}
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its modules and modes, fp32 view)
-_PEAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (grid fingerprint, int8 activation peaks)
 
 
 def check_precision(precision: str, device: torch.device | str = "cpu") -> None:
@@ -116,17 +107,18 @@ def calibrate_int8(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
     (a few hundred images like the ones to caption: both images of each pair). From then on the ``int8`` copy runs
     the grid's ResNet blocks in static int8 (:mod:`namc.backends.qconv`) instead of fp32, until the grid's weights
     change. Without calibration ``int8`` keeps the fp32 grid (activation scales need images to come from).
-    ``save_pretrained`` keeps the calibration (:data:`CALIBRATION_FILE`), so a loaded model needs none.
+    The peaks are the model's ``grid_calibration``: ``save_pretrained`` keeps them (:data:`CALIBRATION_FILE`), so a
+    loaded model needs none.
     """
     check_precision("int8", next(model.parameters()).device)
     set_int8_calibration(model, grid_int8_peaks(model.grid, batches))
 
 
 def int8_calibration(model: nn.Module) -> list[list[float]] | None:
-    """The activation peaks (per grid block) ``model``'s static int8 grid uses, or None where it has none for the
-    grid's current weights."""
-    entry = _PEAKS.get(model)
-    return entry[1] if entry is not None and entry[0] == _fingerprint(model.grid) else None
+    """The activation peaks (per grid block) ``model``'s static int8 grid uses: its ``grid_calibration``
+    (:mod:`namc.models.calibration`) where it describes the grid's current weights, else None."""
+    calibration = getattr(model, "grid_calibration", None)
+    return None if calibration is None else calibration.current(model.grid)
 
 
 def set_int8_calibration(model: nn.Module, peaks: Any, source: str = "calibration") -> None:
@@ -134,58 +126,8 @@ def set_int8_calibration(model: nn.Module, peaks: Any, source: str = "calibratio
     one with the same grid weights); None removes it (the int8 grid runs in fp32 again). ValueError, naming
     ``source``, unless ``peaks`` holds one list of finite, non-negative numbers per block of the grid, as many as
     :func:`~namc.backends.qconv.calibrate_resnet` records."""
-    from namc.backends.qconv import peak_layout
-
-    if peaks is None:
-        if _PEAKS.pop(model, None) is not None:
-            _COPIES.get(model, {}).pop("int8", None)
-        return
-    want = peak_layout(model.grid.backbone)
-    ok = isinstance(peaks, list) and all(
-        isinstance(block, list)
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in block)
-        for block in peaks
-    )
-    if not ok or [len(block) for block in peaks] != want:
-        got = [len(b) for b in peaks] if ok else "not lists of finite non-negative numbers"
-        raise ValueError(
-            f"{source}: int8 peaks must be {len(want)} lists of finite numbers >= 0 of lengths {want} "
-            f"(this model's grid), got {got}"
-        )
-    _PEAKS[model] = (_fingerprint(model.grid), [[float(v) for v in block] for block in peaks])
-    _COPIES.get(model, {}).pop("int8", None)  # rebuilt with the static grid on next use
-
-
-def save_int8_calibration(model: nn.Module, directory: Path) -> str | None:
-    """Write ``model``'s int8 grid calibration to ``directory`` / :data:`CALIBRATION_FILE` and return the file's
-    name; without one, remove a stale file an earlier save left there and return None."""
-    path = directory / CALIBRATION_FILE
-    peaks = int8_calibration(model)
-    if peaks is None:
-        path.unlink(missing_ok=True)
-        return None
-    blocks = ",\n".join(f"  {json.dumps(block)}" for block in peaks)  # one grid block a line
-    atomic_write_text(path, f'{{"format": "{_CALIBRATION_FORMAT}",\n "peaks": [\n{blocks}\n ]}}\n')
-    return CALIBRATION_FILE
-
-
-def load_int8_calibration(model: nn.Module, directory: Path) -> bool:
-    """Give ``model`` the calibration :func:`save_int8_calibration` wrote to ``directory``, if there is one.
-
-    Raises:
-        ConfigError: the file is not UTF-8 JSON, not a namc calibration, or does not fit the model's grid.
-    """
-    path = directory / CALIBRATION_FILE
-    if not path.is_file():
-        return False
-    data = read_json(path)
-    if not isinstance(data, dict) or data.get("format") != _CALIBRATION_FORMAT:
-        raise ConfigError(f'{path}: not a namc int8 calibration (want {{"format": "{_CALIBRATION_FORMAT}", ...}})')
-    try:
-        set_int8_calibration(model, data.get("peaks"), str(path))
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    return True
+    model.grid_calibration = None if peaks is None else GridCalibration.of(model.grid, peaks, source)
+    _COPIES.get(model, {}).pop("int8", None)  # rebuilt with (or without) the static grid on next use
 
 
 def int8_grid(model: nn.Module) -> str:
@@ -214,7 +156,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     rules = (int8_kernels(), qlinear.INT8_MIN_WEIGHT) if int8 else (onednn.BF16_MIN_WEIGHT, MIR_BF16_MIN_WEIGHT)
     bf16_mir = mir_in_bf16(model.mir, int8)
     rules += (bf16_mir,)
-    key = (_fingerprint(model), rules)
+    key = (_fingerprint(model), rules, int8_calibration(model) if int8 else None)
     if precision in cached and cached[precision][0] == key:
         return cached[precision][1]
     cached.pop(precision, None)  # free the stale copy before building the new one

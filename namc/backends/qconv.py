@@ -36,6 +36,7 @@ from torch import nn
 
 from namc.backends.onednn import FusedBlock, FusedConv, ShapeCache
 from namc.backends.qlinear import affine_codes, full_range, int8_kernels
+from namc.models.calibration import block_peaks
 
 __all__ = [
     "QuantBlock",
@@ -280,10 +281,9 @@ def peak_layout(backbone: nn.Module) -> list[int]:
     out = []
     for block in (b for layer in backbone.children() if isinstance(layer, nn.Sequential) for b in layer):
         if isinstance(block, FusedBlock):
-            inner = len(block.inner)
+            out.append(len(block.inner) + 2 + (getattr(block, "downsample", None) is not None))
         else:
-            inner = sum(isinstance(getattr(block, f"conv{i}", None), nn.Conv2d) for i in (1, 2, 3)) - 1
-        out.append(inner + 2 + (getattr(block, "downsample", None) is not None))
+            out.append(block_peaks(block))  # the model's own layout (namc.models.calibration)
     return out
 
 

@@ -7,19 +7,6 @@ counter, ``load_state_dict`` copies into it), so that a model trained further ne
 
 from __future__ import annotations
 
-from torch import nn
+from namc.models.calibration import weights_state as fingerprint
 
 __all__ = ["fingerprint"]
-
-
-def fingerprint(model: nn.Module) -> tuple:
-    """Identity and version counter of every parameter and buffer: changes when any of them is replaced or updated
-    in place (an optimiser step, ``load_state_dict``)."""
-    out = []
-    for t in (*model.parameters(), *model.buffers()):
-        try:
-            version = t._version
-        except RuntimeError:  # an inference tensor has no version counter; it cannot change in place either
-            version = -1
-        out.append((id(t), t.data_ptr(), version))
-    return tuple(out)

@@ -3,15 +3,17 @@
 ::
 
     namc export onnx MODEL_DIR OUT_DIR                      # encoder.onnx, cross_kv.onnx, decoder_step.onnx, manifest
+    namc export onnx MODEL_DIR OUT_DIR --precision int8 --calibration PAIRS   # quantised by ONNX Runtime's tools
     namc describe a.png b.png --backend onnxruntime --model OUT_DIR
 
     from namc.deploy import export_onnx, load_captioner
     export_onnx("runs/finetune/model", "exported")
     captioner = load_captioner("exported", "openvino")
-    captioner.generate(images_1, images_2)                  # the same signature as NAMC.generate (greedy, fp32)
+    captioner.generate(images_1, images_2)                  # the same signature as NAMC.generate (greedy)
 
 - :mod:`namc.deploy.graphs`: the three graphs as plain PyTorch modules over the model's parameters;
 - :mod:`namc.deploy.export`: tracing them to ONNX, checking each against PyTorch, writing the manifest;
+- :mod:`namc.deploy.quantize`: their int8 forms, by ONNX Runtime's quantiser with settings pinned per CPU;
 - :mod:`namc.deploy.manifest`: what ``manifest.json`` holds and how a folder is checked before it loads;
 - :mod:`namc.deploy.captioner`: the runtime sessions and the greedy loop over them.
 

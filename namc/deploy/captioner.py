@@ -10,8 +10,9 @@ the greedy pick is the first index of the largest logit (over a shortlist's colu
 given, mapped back to the vocabulary), a row that wrote [EOS] writes padding after it, and finished rows leave the
 batch once they are a quarter of it. fp32 greedy ids equal PyTorch's (tests/test_export_onnx.py).
 
-Both runtimes run on the CPU in fp32: OpenVINO is told so (``INFERENCE_PRECISION_HINT``), since on a CPU with bf16
-it would otherwise compute in bf16. ``threads`` sets each runtime's intra-op threads (None: the runtime's default);
+Both runtimes run on the CPU, an int8 export's quantised graphs (:mod:`namc.deploy.quantize`) as they are and the
+rest in fp32: OpenVINO is told so (``INFERENCE_PRECISION_HINT``), since on a CPU with bf16 it would otherwise compute
+in bf16. ``threads`` sets each runtime's intra-op threads (None: the runtime's default);
 where ``OMP_WAIT_POLICY=passive`` is set, ONNX Runtime's idle threads sleep too instead of spinning, as PyTorch's
 OpenMP threads do (:mod:`namc.backends.threads`).
 """
@@ -173,7 +174,7 @@ class OnnxCaptioner:
         tokenizer: the model's tokenizer.
         training_shortlist: a fine-tuned model's shortlist (``vocabulary=`` it to decode over it), or None.
         device: the CPU, where both runtimes run.
-        precision: ``fp32``.
+        precision: the export's, ``fp32`` or ``int8``.
     """
 
     def __init__(
@@ -189,7 +190,7 @@ class OnnxCaptioner:
         self.tokenizer = tokenizer
         self.training_shortlist = training_shortlist
         self.device = torch.device("cpu")
-        self.precision = "fp32"
+        self.precision = manifest.data["precision"]  # fp32, or int8 graphs (namc.deploy.quantize)
         d = manifest.decoder
         self.pad_id, self.bos_id, self.eos_id = d["pad_id"], d["bos_id"], d["eos_id"]
         self._cross = manifest.names("cross_kv", "outputs")
@@ -217,7 +218,7 @@ class OnnxCaptioner:
         vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> list[str]:
         """Describe what changed from each first image to its second (:meth:`NAMC.generate
-        <namc.models.NAMC.generate>`; greedy and fp32 only)."""
+        <namc.models.NAMC.generate>`; greedy, at the export's precision)."""
         ids = self.generate_ids(images_1, images_2, max_new_tokens, num_beams, vocabulary)
         return [self.tokenizer.decode(row.tolist()) for row in ids]
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = ["DEFAULT_OPSET", "MAX_RELATIVE_ERROR", "ExportError", "export_onnx"]
 logger = logging.getLogger(__name__)
 
 MAX_RELATIVE_ERROR = 1e-4  # an fp32 graph's outputs against PyTorch's (they agree to about 1e-7)
+MAX_INT8_RELATIVE_ERROR = 0.25  # an int8 graph this far from fp32 is broken (a good one: a few percent)
 _TRACE_BATCH, _TRACE_PAST = 2, 1  # the example inputs' batch and cache length (not 1 or 0: no axis specialises)
 _CHECK_BATCH, _CHECK_PAST = 3, 4  # the check's, different from the trace's
 
@@ -51,7 +53,11 @@ class ExportError(RuntimeError):
 
 
 def export_onnx(
-    model_path: str | Path, out_dir: str | Path, opset: int = DEFAULT_OPSET, precision: str = "fp32"
+    model_path: str | Path,
+    out_dir: str | Path,
+    opset: int = DEFAULT_OPSET,
+    precision: str = "fp32",
+    calibration: list[tuple[torch.Tensor, torch.Tensor]] | Callable[[int], list] | None = None,
 ) -> Path:
     """Export a saved model as ONNX files with a manifest (layout: :mod:`namc.deploy.manifest`).
 
@@ -59,17 +65,22 @@ def export_onnx(
         model_path: a ``save_pretrained`` folder, a Hub id or a namc ``.ckpt`` (what :func:`namc.load_model` reads).
         out_dir: the folder to write (created if needed; the files of an earlier export there are replaced).
         opset: the ONNX opset.
-        precision: ``fp32`` (int8 export is not available yet).
+        precision: ``fp32``, or ``int8``: the fp32 graphs quantised by ONNX Runtime (:mod:`namc.deploy.quantize`).
+        calibration: with ``int8``, image pairs like the ones to caption: ``(images_1, images_2)`` batches of
+            (B, 3, S, S) in [0, 1], or a function of the model's image size S that returns them (``namc export``
+            reads the images at the model's size).
 
     Returns:
         ``out_dir`` as a Path.
 
     Raises:
-        ValueError: a precision other than fp32, or ``out_dir`` is a file.
+        ValueError: an unknown precision, int8 without calibration pairs, or ``out_dir`` is a file.
         ExportError: an exported graph's outputs disagree with PyTorch's.
     """
-    if precision != "fp32":
-        raise ValueError(f"precision {precision!r} is not available yet for ONNX export: fp32 only")
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"precision {precision!r}: ONNX export writes fp32 or int8")
+    if precision == "int8" and calibration is None:
+        raise ValueError("int8 export needs calibration image pairs: --calibration PAIR_LIST_OR_IMAGE_FOLDER")
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{out_dir} is a file: name a folder to export into")
@@ -80,6 +91,13 @@ def export_onnx(
     out_dir.mkdir(parents=True, exist_ok=True)
     graphs = _export_graphs(model, out_dir, opset, weights_digest["sha256"])
     errors = _check_graphs(model, out_dir)
+    quantization = None
+    if precision == "int8":
+        from namc.deploy.quantize import quantize_export
+
+        batches = calibration(model.config.image_size) if callable(calibration) else list(calibration)
+        quantization = quantize_export(out_dir, {g: graphs[g]["file"] for g in GRAPHS}, batches)
+        errors = _check_graphs(model, out_dir, MAX_INT8_RELATIVE_ERROR)
     model.tokenizer.save(out_dir)
     bpe = json.loads((out_dir / TOKENIZER_FILE).read_text(encoding="utf-8")).get("bpe")
     shortlist = save_shortlist(model.training_shortlist, out_dir)
@@ -109,6 +127,7 @@ def export_onnx(
         "graphs": graphs,
         "weights": {"file": weights.name, **weights_digest},
         "checked": {"runtime": "onnxruntime", "max_relative_error": errors},
+        "quantization": quantization,
         "files": record_files(out_dir, listed),
     }
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
@@ -223,9 +242,9 @@ def _describe(values: Any) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------ the check
 
 
-def _check_graphs(model: NAMC, out_dir: Path) -> dict[str, float]:
+def _check_graphs(model: NAMC, out_dir: Path, bound: float = MAX_RELATIVE_ERROR) -> dict[str, float]:
     """Each graph's largest relative L2 error over its outputs, run in ONNX Runtime against PyTorch on inputs of
-    another batch and cache length than the trace's; ExportError above :data:`MAX_RELATIVE_ERROR`."""
+    another batch and cache length than the trace's; ExportError above ``bound``."""
     import onnxruntime as ort
 
     examples = _graph_inputs(model, _CHECK_BATCH, _CHECK_PAST, torch.Generator().manual_seed(1))
@@ -241,10 +260,9 @@ def _check_graphs(model: NAMC, out_dir: Path) -> dict[str, float]:
             want = modules[graph](*inputs.values())
         want = (want,) if isinstance(want, torch.Tensor) else want
         errors[graph] = max(_relative_error(g, w.numpy()) for g, w in zip(got, want, strict=True))
-        if not errors[graph] <= MAX_RELATIVE_ERROR:
+        if not errors[graph] <= bound:
             raise ExportError(
-                f"{out_dir / f'{graph}.onnx'} disagrees with PyTorch: relative L2 error {errors[graph]:.2e} > "
-                f"{MAX_RELATIVE_ERROR:g}"
+                f"{out_dir / f'{graph}.onnx'} disagrees with PyTorch: relative L2 error {errors[graph]:.2e} > {bound:g}"
             )
     return errors
 

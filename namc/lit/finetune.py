@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from namc.backends.compile import compile  # noqa: A004 - namc.compile
 from namc.backends.precision import calibrate_int8, check_precision, int8_calibration, set_int8_calibration
 from namc.lit.modules import _METRIC_LOG_NAMES, NAMCModule, _check_part_files, _tokenizer_arg, caption_evaluator
 from namc.models import create_model, load_model
@@ -170,17 +171,16 @@ class FinetuneModule(NAMCModule):
             elif peaks is None or peaks is not getattr(self, "_int8_peaks", None):  # none, stale, or not this run's
                 self._calibrate_int8(h.int8_calibration_pairs)
                 self._int8_peaks = int8_calibration(self.model)
-        grid1, grid2 = self._grids_of(batch) if h.inference_precision == "fp32" else (None, None)
-        return self.model.generate_ids(
-            batch["image1"],
-            batch["image2"],
-            h.max_new_tokens,
-            h.num_beams,
-            grid1,
-            grid2,
-            h.inference_precision,
-            vocabulary=self.model.training_shortlist if h.inference_shortlist else None,
-        )
+        vocabulary = self.model.training_shortlist if h.inference_shortlist else None
+        if h.inference_precision == "fp32":  # the eager model, over the memoised grids
+            grid1, grid2 = self._grids_of(batch)
+            return self.model.generate_ids(
+                batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, grid1, grid2, vocabulary=vocabulary
+            )
+        device = self.model.fdg.tok.weight.device
+        backend = "cpu" if device.type == "cpu" else "torch"  # torch: autocast over the model, no graphs to rebuild
+        captioner = compile(self.model, backend, h.inference_precision)  # the cpu backend keeps its copy per model
+        return captioner.generate_ids(batch["image1"], batch["image2"], h.max_new_tokens, h.num_beams, vocabulary)
 
     def _calibrate_int8(self, pairs: int) -> None:
         """Calibrate the static int8 grid on the first ``pairs`` readable pairs of the training split, in dataset

@@ -25,6 +25,7 @@ from torch import nn
 
 from namc import ops
 from namc._version import __version__
+from namc.models.calibration import CALIBRATION_FILE, GridCalibration, load_calibration, save_calibration
 from namc.models.card import CARD_FILE, check_card, model_card
 from namc.models.config import NAMCConfig
 from namc.models.encoders import ClipDualEncoder
@@ -50,9 +51,6 @@ from namc.models.vqgan import VQGANTokenizer
 from namc.text.tokenizer import TOKENIZER_FILE, CaptionTokenizer
 
 logger = logging.getLogger(__name__)
-
-#: a saved model's static int8 grid calibration (:mod:`namc.backends.precision` writes and reads it)
-CALIBRATION_FILE = "int8_calibration.json"
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -129,6 +127,9 @@ class NAMC(nn.Module):
         # the tokens of the captions the model was fine-tuned on (FinetuneModule; kept by save_pretrained and
         # checkpoints): pass it as ``vocabulary=`` to decode over it (namc.models.shortlist); None: no list
         self.training_shortlist: Shortlist | None = None
+        # activation peaks of the grid for a runtime's static int8 grid (namc.models.calibration; kept by
+        # save_pretrained, not by checkpoints): data only, a runtime reads them; None: uncalibrated
+        self.grid_calibration: GridCalibration | None = None
 
     # ------------------------------------------------------------------------------------------ parameters
 
@@ -257,12 +258,11 @@ class NAMC(nn.Module):
         num_beams: int = 1,
         grid_1: torch.Tensor | None = None,
         grid_2: torch.Tensor | None = None,
-        precision: str = "fp32",
         vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> torch.Tensor:
-        """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``) through the
-        CPU runtime of ``precision``: ``fp32`` (default), ``bf16`` or ``int8`` (CPU) (:mod:`namc.backends.precision`);
-        ``vocabulary``: the only tokens to generate (:mod:`namc.models.shortlist`), None for all.
+        """Caption ids (B, T) for image pairs (greedy by default, at most ``config.max_new_tokens``) in eager
+        PyTorch, in the model's dtype; ``vocabulary``: the only tokens to generate (:mod:`namc.models.shortlist`),
+        None for all. ``namc.compile(model, backend=..., precision=...)`` runs the same on a faster runtime.
 
         Raises:
             ValueError: what :func:`~namc.models.inputs.check_inputs` refuses (batches of other sizes, shapes or
@@ -271,28 +271,16 @@ class NAMC(nn.Module):
         rows = check_inputs(self.config.image_size, (images_1, images_2, grid_1, grid_2), max_new_tokens, num_beams)
         if rows == 0:
             return torch.zeros(0, 0, dtype=torch.long, device=self.fdg.tok.weight.device)
-        from namc.backends.precision import precision_context  # the runtime side, imported where it runs
-
-        with precision_context(self, precision, self.fdg.tok.weight.device) as model:
-            dtype = model.fdg.pos.dtype  # float64 or float16 pixels run in the activations' dtype
-            x = [None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)]
-            memory = model.encode_pair(*x)
-            n = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
-            return model.fdg.generate(memory, n, num_beams, vocabulary=vocabulary)
+        dtype = self.fdg.pos.dtype  # float64 or float16 pixels run in the activations' dtype
+        x = [None if t is None else t.to(dtype) for t in (images_1, images_2, grid_1, grid_2)]
+        memory = self.encode_pair(*x)
+        n = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        return self.fdg.generate(memory, n, num_beams, vocabulary=vocabulary)
 
     def shortlist(self, captions: Iterable[str]) -> Shortlist:
         """The tokens of ``captions`` (say, the captions the model was fine-tuned on) as a shortlist for
         ``vocabulary=`` (:mod:`namc.models.shortlist`): decoding projects onto those rows of the vocabulary only."""
         return Shortlist.from_captions(captions, self.tokenizer)
-
-    def calibrate_int8(self, images: Iterable[torch.Tensor]) -> None:
-        """Give ``precision="int8"`` a static int8 grid: activation scales from ``images``, batches of (B, 3, H, W)
-        in [0, 1] like the ones to caption (both images of a few hundred pairs). See
-        :func:`namc.backends.precision.calibrate_int8`; without it the int8 grid runs in fp32. :meth:`save_pretrained`
-        keeps the calibration and :meth:`from_pretrained` restores it."""
-        from namc.backends.precision import calibrate_int8
-
-        calibrate_int8(self, images)
 
     def generate(
         self,
@@ -300,19 +288,19 @@ class NAMC(nn.Module):
         images_2: torch.Tensor,
         max_new_tokens: int | None = None,
         num_beams: int = 1,
-        precision: str = "fp32",
         vocabulary: Shortlist | Iterable[int] | None = None,
     ) -> list[str]:
         """Describe what changed from each first image to its second image.
 
         Call ``model.eval()`` first (``from_pretrained`` returns an eval-mode model); dropout is active otherwise.
+        This is the plain eager model; ``namc.compile(model, backend=..., precision=...)`` returns a captioner with
+        the same ``generate`` on a faster runtime and in bf16 or int8 (:mod:`namc.backends.compile`).
 
         Args:
             images_1: (B, 3, H, W) in [0, 1], ``config.image_size`` square.
             images_2: (B, 3, H, W) in [0, 1].
             max_new_tokens: at most this many generated tokens (default ``config.max_new_tokens``, 23).
             num_beams: 1 for greedy (the paper); more for beam search.
-            precision: ``fp32`` (default), ``bf16`` or ``int8`` (CPU only) (:mod:`namc.backends.precision`).
             vocabulary: the only tokens to write, e.g. ``model.shortlist(training_captions)`` or a fine-tuned
                 model's ``model.training_shortlist`` (:mod:`namc.models.shortlist`); None (default): the whole
                 vocabulary.
@@ -320,17 +308,16 @@ class NAMC(nn.Module):
         Returns:
             one caption per pair.
         """
-        ids = self.generate_ids(
-            images_1, images_2, max_new_tokens, num_beams, precision=precision, vocabulary=vocabulary
-        )
+        ids = self.generate_ids(images_1, images_2, max_new_tokens, num_beams, vocabulary=vocabulary)
         return [self.tokenizer.decode(row.tolist()) for row in ids]
 
     # ------------------------------------------------------------------------------------------ persistence
 
     def save_pretrained(self, directory: str | Path, card: Mapping[str, Any] | None = None) -> Path:
         """Write a complete model folder: ``model.safetensors``, the tokenizer files, ``config.json``, a model
-        card ``README.md``, where :meth:`calibrate_int8` calibrated the grid ``int8_calibration.json``, and where
-        the model has a ``training_shortlist`` ``shortlist.json``.
+        card ``README.md``, where the model has a ``grid_calibration`` for its grid's weights
+        ``int8_calibration.json`` (:mod:`namc.models.calibration`), and where the model has a ``training_shortlist``
+        ``shortlist.json``.
 
         ``config.json`` records the size and SHA-256 of every other file the model is rebuilt from
         (:mod:`namc.models.files`), so :meth:`from_pretrained` notices a damaged or replaced file; it is written
@@ -353,9 +340,7 @@ class NAMC(nn.Module):
         os.replace(partial, directory / WEIGHTS_FILE)
         self.tokenizer.save(directory)
         bpe = json.loads((directory / TOKENIZER_FILE).read_text()).get("bpe")  # a CLIP BPE copies its vocabulary
-        from namc.backends.precision import save_int8_calibration
-
-        calibration = save_int8_calibration(self, directory)  # the static int8 grid's scales, where calibrated
+        calibration = save_calibration(self.grid_calibration, self.grid, directory)  # a static int8 grid's scales
         shortlist = save_shortlist(self.training_shortlist, directory)
         extra = [name for name in (bpe, calibration, shortlist) if isinstance(name, str)]
         files = record_files(directory, [WEIGHTS_FILE, TOKENIZER_FILE, *extra])
@@ -405,10 +390,8 @@ class NAMC(nn.Module):
         ]
         for name in unrecorded:
             logger.warning("%s: %s is not recorded in config.json: ignored", directory, name)
-        if CALIBRATION_FILE not in unrecorded and torch.device(map_location).type == "cpu":  # int8: CPU only
-            from namc.backends.precision import load_int8_calibration
-
-            load_int8_calibration(model, directory)
+        if CALIBRATION_FILE not in unrecorded:
+            model.grid_calibration = load_calibration(model.grid, directory)
         if SHORTLIST_FILE not in unrecorded:
             model.training_shortlist = load_shortlist(directory, model.tokenizer)
         return model

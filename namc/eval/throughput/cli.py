@@ -27,6 +27,7 @@ from pathlib import Path
 
 from namc.eval.throughput.report import format_table
 from namc.eval.throughput.settings import (
+    BACKEND_MODES,
     DTYPES,
     INT8_GRIDS,
     LENGTH_MODES,
@@ -78,7 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LENGTH_MODES,
         help="fixed: ignore [EOS], generate exactly max-new-tokens per pair; eos: stop at [EOS] (default %(default)s)",
     )
-    p.add_argument("--modes", nargs="+", default=list(d.modes), choices=MODES, help="default: %(default)s")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=None,
+        choices=MODES,
+        help=f"default: {' '.join(d.modes)}; with --backend {' '.join(BACKEND_MODES)}",
+    )
+    p.add_argument(
+        "--backend",
+        dest="backends",
+        nargs="+",
+        default=[],
+        metavar="BACKEND[:PRECISION]",
+        help="time namc through namc.compile on each backend (torch, cpu, cuda, onnxruntime, openvino) at its "
+        "precision (default --precision), e.g. cpu:fp32 cpu:int8 onnxruntime:int8, beside the CLIP4IDC peer "
+        "(--reference clip4idc); default: the cpu copy at --precision",
+    )
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument(
@@ -170,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(__name__).warning(
             "--allocator reuse: not glibc's malloc here (%s); left as it is", allocator_settings()
         )
+    if args.modes is None:
+        args.modes = list(BACKEND_MODES) if args.backends else list(BenchmarkSettings().modes)
     fields = {f.name for f in dataclasses.fields(BenchmarkSettings)}
     try:
         settings = BenchmarkSettings(**{k: v for k, v in vars(args).items() if k in fields})

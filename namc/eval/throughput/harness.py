@@ -25,6 +25,7 @@ from namc.backends.precision import (
     set_int8_calibration,
 )
 from namc.backends.qlinear import int8_kernels
+from namc.eval.throughput.backends import run_backends
 from namc.eval.throughput.clip4idc import PAPER_PARAMETERS, CLIP4IDCPeer, linear_form, peer_at
 from namc.eval.throughput.inference import decoding_shortlist, random_shortlist, run_inference
 from namc.eval.throughput.machine import describe_machine, measure_matmul
@@ -34,6 +35,7 @@ from namc.eval.throughput.settings import (
     SHORTLIST_OF_MODEL,
     BenchmarkInputError,
     BenchmarkSettings,
+    backend_run,
 )
 from namc.eval.throughput.training import run_training
 from namc.models.files import WeightsError
@@ -109,13 +111,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     matmul = measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision)
     if dtype != torch.float32:
         model.to(dtype)
-    if settings.precision == "int8" and settings.int8_grid == "fp32":
-        set_int8_calibration(model, None)  # a saved model's calibration too: the grid as an uncalibrated one runs
-    elif settings.precision == "int8" and int8_calibration(model) is None:
-        # activation scales from synthetic images: they change no timing (and no caption here means anything)
-        gen = torch.Generator().manual_seed(settings.seed + 1)
-        size = model.config.image_size
-        calibrate_int8(model, [torch.rand(8, 3, size, size, generator=gen).to(device) for _ in range(2)])
+    _int8_grid(model, settings, device)
     runner = inference_copy(model, settings.precision)  # the model itself in fp32
     parts = part_precisions(model, settings.precision)  # fp32 on CUDA, whose half precision is settings.dtype
     if settings.compile:
@@ -134,10 +130,15 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         peer = peer_at(peer.to(dtype), settings.reference_precision or settings.precision)
         peer_entry["linear_maps"] = linear_form(peer)
         peer_entry["encoder_linear_maps"] = linear_form(peer, encoder=True)
-    try:
-        inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
-    finally:
-        runner.fdg.uncompile_step()
+    if settings.backends:
+        inference, reference = run_backends(model, settings, device, matmul["flops_per_s"], peer, short)
+    else:
+        try:
+            inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
+        finally:
+            runner.fdg.uncompile_step()
+        tag = {"backend": _classic_backend(device, settings), "precision": settings.precision}
+        inference, reference = [e | tag for e in inference], [e | tag for e in reference]
     matmul = _settle_matmul(matmul, measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision))
     for entry in inference:
         if entry["flops"]:
@@ -150,7 +151,11 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         "created_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "namc_version": __version__,
         "settings": dataclasses.asdict(settings)
-        | {"batch_sizes": list(settings.batch_sizes), "modes": list(settings.modes)},
+        | {
+            "batch_sizes": list(settings.batch_sizes),
+            "modes": list(settings.modes),
+            "backends": list(settings.backends),
+        },
         "machine": machine,
         "model": _model_entry(model, source, params)
         | {"part_precisions": parts, "shortlist": _shortlist_entry(short, settings)},
@@ -162,6 +167,28 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
         "paper_table5": [dict(row) for row in PAPER_TABLE5],
         "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+
+
+def _int8_grid(model: NAMC, settings: BenchmarkSettings, device: torch.device) -> None:
+    """Where a run is int8: the grid uncalibrated (``int8_grid`` fp32), or calibrated on synthetic images unless the
+    model has its own calibration."""
+    if "int8" not in {backend_run(spec, settings.precision)[1] for spec in settings.backends} | {settings.precision}:
+        return
+    if settings.int8_grid == "fp32":
+        set_int8_calibration(model, None)  # a saved model's calibration too: the grid as an uncalibrated one runs
+    elif int8_calibration(model) is None:
+        # activation scales from synthetic images: they change no timing (and no caption here means anything)
+        gen = torch.Generator().manual_seed(settings.seed + 1)
+        size = model.config.image_size
+        calibrate_int8(model, [torch.rand(8, 3, size, size, generator=gen).to(device) for _ in range(2)])
+
+
+def _classic_backend(device: torch.device, settings: BenchmarkSettings) -> str:
+    """The ``namc.compile`` backend the run without ``settings.backends`` times: the cpu backend's copy on a CPU, on
+    CUDA the model under autocast, or its static decoder (the cuda backend's)."""
+    if device.type == "cpu":
+        return "cpu"
+    return "cuda" if settings.static_decode else "torch"
 
 
 def _model_entry(model: NAMC, source: str, params: dict[str, int]) -> dict[str, Any]:

@@ -48,7 +48,18 @@ from namc.eval.throughput.timing import peak_memory, summarize, synchronize, tim
 from namc.models.namc import NAMC
 from namc.models.shortlist import Shortlist
 
-__all__ = ["decoding_shortlist", "generated_lengths", "length_mode", "random_shortlist", "run_inference"]
+__all__ = [
+    "decoding_shortlist",
+    "flops_entry",
+    "generated_lengths",
+    "length_mode",
+    "peer_calls",
+    "peer_length",
+    "random_shortlist",
+    "run_inference",
+    "time_level",
+    "time_peer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -188,15 +199,23 @@ def _decoders(
         }
     naive = {"decode": _within(ctx, lambda: generate_uncached(model.fdg, memory, n_new, vocabulary=short))}
     if peer is not None:
-        dtype = peer.clip.token_embedding.weight.dtype
-        p1, p2 = img1.to(dtype), img2.to(dtype)
-        if size != peer.image_size:  # a small preset: the same images, resized to the peer's 224 px
-            p1, p2 = (F.interpolate(x, size=peer.image_size, mode="bilinear") for x in (p1, p2))
-        with torch.inference_mode():
-            peer_memory = peer.encode(p1, p2)  # (B, 100, 512)
-        naive["clip4idc_decode"] = lambda: peer.decode(peer_memory, n_new)
-        naive["clip4idc_e2e"] = lambda: peer.generate_ids(p1, p2, n_new)
+        naive |= peer_calls(peer, img1, img2, n_new)
     return optimised, naive
+
+
+def peer_calls(peer: CLIP4IDCPeer, img1: torch.Tensor, img2: torch.Tensor, n_new: int) -> dict[str, Call]:
+    """The peer's ``clip4idc_decode`` (from its visual memory of the pairs) and ``clip4idc_e2e`` (from the pixels)
+    calls for (B, 3, H, W) images in [0, 1], resized to the peer's 224 px where they are smaller."""
+    dtype = peer.clip.token_embedding.weight.dtype
+    p1, p2 = img1.to(dtype), img2.to(dtype)
+    if p1.shape[-1] != peer.image_size:  # a small preset: the same images, resized to the peer's 224 px
+        p1, p2 = (F.interpolate(x, size=peer.image_size, mode="bilinear") for x in (p1, p2))
+    with torch.inference_mode():
+        peer_memory = peer.encode(p1, p2)  # (B, 100, 512)
+    return {
+        "clip4idc_decode": lambda: peer.decode(peer_memory, n_new),
+        "clip4idc_e2e": lambda: peer.generate_ids(p1, p2, n_new),
+    }
 
 
 def _within(ctx: Callable[[], contextlib.AbstractContextManager], call: Call) -> Call:
@@ -227,9 +246,9 @@ def _run_batch(
     with length_mode(model, settings.length_mode):
         for mode in settings.modes:
             logger.info("inference: batch %d, %s", batch, mode)
-            entry, ids, lengths = _time_level(settings, device, batch, mode, optimised[mode], eos_id)
+            entry, ids, lengths = time_level(settings, device, batch, mode, optimised[mode], eos_id)
             if mode == "decode":
-                entry["flops"] = _flops_entry(model, short, lengths, entry["time_s"]["median"], matmul_flops)
+                entry["flops"] = flops_entry(model, short, lengths, entry["time_s"]["median"], matmul_flops)
             entries.append(entry)
             timed[mode] = (entry, ids)
         for ref in _NAIVE[settings.reference]:
@@ -243,13 +262,13 @@ def _run_batch(
             refs.append(entry)
         for level in _PEER[settings.reference] if peer is not None else ():
             logger.info("CLIP4IDC peer: batch %d, %s (interleaved with namc)", batch, level)
-            with _peer_length(peer, settings.length_mode):
-                refs.append(_time_peer(settings, device, batch, level, optimised[_COMPARED_WITH[level]], naive[level]))
+            with peer_length(peer, settings.length_mode):
+                refs.append(time_peer(settings, device, batch, level, optimised[_COMPARED_WITH[level]], naive[level]))
     return entries, refs
 
 
 @contextlib.contextmanager
-def _peer_length(peer: CLIP4IDCPeer, mode: str) -> Iterator[None]:
+def peer_length(peer: CLIP4IDCPeer, mode: str) -> Iterator[None]:
     """:func:`length_mode` for the peer."""
     saved = peer.eos_id
     if mode == "fixed":
@@ -260,7 +279,7 @@ def _peer_length(peer: CLIP4IDCPeer, mode: str) -> Iterator[None]:
         peer.eos_id = saved
 
 
-def _time_peer(
+def time_peer(
     settings: BenchmarkSettings, device: torch.device, batch: int, level: str, ours: Call, theirs: Call
 ) -> dict[str, Any]:
     """One ``reference`` entry for a peer level: namc's and the peer's calls interleaved (``warmup`` untimed rounds,
@@ -294,7 +313,7 @@ def _time_peer(
     }
 
 
-def _time_level(
+def time_level(
     settings: BenchmarkSettings, device: torch.device, batch: int, mode: str, call: Call, eos_id: int
 ) -> tuple[dict[str, Any], torch.Tensor, list[int]]:
     """One ``inference`` entry (``flops`` left None), the ids of the last timed call and each row's length."""
@@ -319,7 +338,7 @@ def _time_level(
     return entry, ids, lengths
 
 
-def _flops_entry(
+def flops_entry(
     model: NAMC, short: Shortlist | None, lengths: list[int], median_s: float, matmul_flops: float | None
 ) -> dict[str, Any]:
     """The decode FLOP efficiency of a ``decode`` call: analytic FLOPs per second over the matmul's FLOP/s (the

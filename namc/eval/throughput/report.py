@@ -112,6 +112,11 @@ def _parts(model: dict[str, Any], precision: str) -> str:
     return ", ".join(f"{'MIR' if part == 'mir' else part} {kind}" for part, kind in parts.items())
 
 
+def _run(row: dict[str, Any]) -> str:
+    """``backend:precision`` of a row (reports before schema 12 record neither)."""
+    return f"{row['backend']}:{row['precision']}" if "backend" in row else "-"
+
+
 def _mib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.0f}"
 
@@ -149,23 +154,30 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _inference_lines(report: dict[str, Any]) -> list[str]:
-    header = f"{'batch':>5} {'mode':<7} {'tokens/s':>26} {'pairs/s':>22} {'s/pair':>9} {'peak MiB':>9} {'eff.':>6}"
+    header = (
+        f"{'run':<16} {'batch':>5} {'mode':<7} {'tokens/s':>26} {'pairs/s':>22} {'s/pair':>9} {'peak MiB':>9} "
+        f"{'eff.':>6}"
+    )
     lines = [header, "-" * len(header)]
     for e in report["inference"]:
         eff = e["flops"]["efficiency"] if e["flops"] else None
         pairs = _stat(e["pairs_per_s"], "{:.2f}")
         lines.append(
-            f"{e['batch_size']:>5} {e['mode']:<7} {_stat(e['tokens_per_s']):>26} {pairs:>22} "
+            f"{_run(e):<16} {e['batch_size']:>5} {e['mode']:<7} {_stat(e['tokens_per_s']):>26} {pairs:>22} "
             f"{e['latency_s_per_pair']:>9.4f} {_mib(e['peak_memory']['delta_bytes']):>9} "
             f"{'' if eff is None else f'{eff:.0%}':>6}"
         )
     if report["reference"]:
-        lines += ["", f"{'batch':>5} {'compared with':<26} {'tokens/s':>26} {'speed-up':>9} {'same ids':>9}"]
+        lines += [
+            "",
+            f"{'namc run':<16} {'batch':>5} {'compared with':<26} {'tokens/s':>26} {'speed-up':>9} {'same ids':>9}",
+        ]
         for r in report["reference"]:
             sp = "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x"
             same = "-" if r["tokens_match"] is None else str(r["tokens_match"])
             lines.append(
-                f"{r['batch_size']:>5} {r['mode'] + ' vs ' + r['compared_with']:<26} {_stat(r['tokens_per_s']):>26} "
+                f"{_run(r):<16} {r['batch_size']:>5} {r['mode'] + ' vs ' + r['compared_with']:<26} "
+                f"{_stat(r['tokens_per_s']):>26} "
                 f"{sp:>9} {same:>9}"
             )
     if report.get("peer"):

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from namc.eval.throughput.settings import (
+    BACKENDS,
     DTYPES,
     INT8_GRIDS,
     LENGTH_MODES,
@@ -28,12 +29,13 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 11  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+SCHEMA_VERSION = 12  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
 # settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
 # 7: required peer.linear_maps (the peer converted as namc). 8: required model.part_precisions in place of
 # model.grid_precision. 9: peer.linear_maps onednn_fp32_prepacked. 10: required machine.cpu_kernels (two CPUs of one
-# model name can run bf16 and int8 on different kernels). 11: required peer.encoder_linear_maps (AMX: see there)
+# model name can run bf16 and int8 on different kernels). 11: required peer.encoder_linear_maps (AMX: see there).
+# 12: required settings.backends, backend and precision of every inference and reference row
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -129,6 +131,12 @@ _SETTINGS = {
     "train_warmup": _field("integer", "untimed training steps", minimum=0),
     "train_vqgan": _field("boolean", "the VQGAN tokenizer ran in each pre-training step (false: precomputed codes)"),
     "seed": _field("integer", "seed of the synthetic inputs"),
+    "backends": _field(
+        "array",
+        "`backend` or `backend:precision` runs through `namc.compile` (precision default: `precision`), each timed at "
+        "`decode` and `e2e`; empty: the run of `precision`'s copy at every level",
+        items={"type": "string"},
+    ),
 }
 
 _GPU = {
@@ -270,7 +278,12 @@ _FLOPS = {
     "matmul_per_s": _field(["number", "null"], "`matmul.flops_per_s`"),
     "efficiency": _field(["number", "null"], "`achieved_per_s / matmul_per_s` (a fraction, 0.3 = 30 %)"),
 }
+_ROW_RUN = {
+    "backend": _enum(BACKENDS, "the `namc.compile` backend namc ran on (`cpu`: the copy of `precision` on a CPU)"),
+    "precision": _enum(PRECISIONS, "the precision namc ran at on that backend"),
+}
 _INFERENCE = {
+    **_ROW_RUN,
     "batch_size": _field("integer", "B", minimum=1),
     "mode": _enum(MODES, "the level: `decode` from E_MIR, `grid` from ResNet grids, `e2e` from pixels"),
     "length_mode": _enum(LENGTH_MODES, _LENGTH_MODE),
@@ -285,6 +298,7 @@ _INFERENCE = {
 }
 
 _REFERENCE = {
+    **_ROW_RUN,
     "batch_size": _field("integer", "B", minimum=1),
     "mode": _enum(
         ["decode", "clip4idc_decode", "clip4idc_e2e"],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BACKEND_MODES",
     "DTYPES",
     "LENGTH_MODES",
     "MODES",
@@ -25,6 +26,7 @@ __all__ = [
     "THREADING_ENV",
     "BenchmarkInputError",
     "BenchmarkSettings",
+    "backend_run",
 ]
 
 #: Table 5 of the paper (inference on one RTX 3090, appendix F): total parameters and generated tokens per second.
@@ -46,6 +48,21 @@ PRECISIONS = ("fp32", "bf16", "int8")  # namc.backends.precision.PRECISIONS (mod
 INT8_GRIDS = ("static", "fp32")
 LENGTH_MODES = ("fixed", "eos")
 SHORTLIST_OF_MODEL = "model"  # settings.shortlist: the model's own training_shortlist
+# namc.backends.BACKENDS (kept here too: this module imports nothing that loads torch)
+BACKENDS = ("torch", "cpu", "cuda", "onnxruntime", "openvino")
+BACKEND_MODES = ("decode", "e2e")  # the levels a compiled captioner runs (it takes no pre-extracted grids)
+
+
+def backend_run(spec: str, precision: str) -> tuple[str, str]:
+    """``backend`` or ``backend:precision`` (``settings.backends``) -> (backend, precision), ``precision`` where the
+    spec names none; BenchmarkInputError for an unknown backend or precision."""
+    backend, _, named = spec.partition(":")
+    if backend not in BACKENDS or (named and named not in PRECISIONS):
+        raise BenchmarkInputError(
+            f"--backend {spec!r}: want BACKEND or BACKEND:PRECISION, BACKEND one of {', '.join(BACKENDS)}, PRECISION "
+            f"one of {', '.join(PRECISIONS)}"
+        )
+    return backend, named or precision
 
 
 class BenchmarkInputError(ValueError):
@@ -102,6 +119,10 @@ class BenchmarkSettings:
         train_vqgan: run the VQGAN tokenizer in every pre-training step (default: precomputed codes, as packed
             shards carry them).
         seed: seeds the synthetic inputs.
+        backends: ``backend`` or ``backend:precision`` runs (:func:`backend_run`; the precision defaults to
+            ``precision``): the inference rows come from ``namc.compile(model, backend, precision)`` for each, at
+            the levels in ``modes`` a captioner runs (:data:`BACKEND_MODES`), beside the CLIP4IDC peer; empty
+            (default): one run of :mod:`namc.backends.precision`'s copy at ``precision``, every level.
     """
 
     model: str = "namc_tiny"
@@ -128,11 +149,13 @@ class BenchmarkSettings:
     train_warmup: int = 1
     train_vqgan: bool = False
     seed: int = 0
+    backends: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.device = str(self.device)  # a torch.device too
         self.batch_sizes = tuple(int(b) for b in self.batch_sizes)
         self.modes = tuple(self.modes)
+        self.backends = tuple(self.backends)
         self._check_choices()
         self._check_counts()
         self._check_combinations()
@@ -188,6 +211,16 @@ class BenchmarkSettings:
                 f"shortlist must be a token count >= 0 (0: the whole vocabulary) or {SHORTLIST_OF_MODEL!r} (the "
                 f"model's own list), got {self.shortlist!r}"
             )
+        runs = [backend_run(spec, self.precision) for spec in self.backends]
+        if len(set(runs)) != len(runs):
+            raise BenchmarkInputError(f"backends names a run twice: {self.backends}")
+        if runs and not set(self.modes) <= set(BACKEND_MODES):
+            raise BenchmarkInputError(
+                f"with backends the levels are {' and '.join(BACKEND_MODES)} (a compiled captioner takes pixels or "
+                f"E_MIR, not grids), got modes {self.modes}"
+            )
+        if runs and (self.compile or self.static_decode or self.dtype != "float32"):
+            raise BenchmarkInputError("backends run as namc.compile builds them: no compile, static_decode or dtype")
         if self.compile and self.static_decode:
             raise BenchmarkInputError("compile and static_decode are two ways of running the step: pick one")
         if device_type != "cuda" and self.dtype != "float32":
