@@ -1,4 +1,4 @@
-"""Benchmark of the LLM client (namc.curate.llm) against the local test server (tests/llm_server.py).
+"""Benchmark of the LLM client (namc.llm) against the local test server (tests/llm_server.py).
 
 Prints, for concurrency 1, 16 and 64:
 
@@ -34,7 +34,7 @@ import psutil
 from PIL import Image
 
 from namc.curate.describe import describe_jobs
-from namc.curate.llm import ClientConfig, LLMClient, ResultStore, RunSummary, image_message, run_jobs
+from namc.llm import ClientConfig, LLMClient, ResultStore, RunSummary, image_message, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,12 @@ Scripting, per request: the request's text may hold a directive ``[[a,b,c]]``; a
 A request without a directive gets ``ok``. ``latency`` delays every answer (the benchmark's 2 s server).
 ``max_tokens_seen`` lists the ``max_tokens`` of every request, in arrival order (None where a request had none).
 
-Run standalone (``python tests/llm_server.py --latency 2``): prints the port on the first line, serves until killed.
+Answers for ``namc eval lmm`` and ``namc eval judge``: :func:`labelled_answer` answers a pair with the caption
+labelled for its two images (by :func:`pair_digest`), :func:`judge_answer` a judge prompt with the judgement scripted
+for the prediction it holds.
+
+Run standalone (``python tests/llm_server.py --latency 2``): prints the port on the first line, serves until killed;
+``--labels FILE`` (a JSON ``{pair_digest: caption}``) answers with labelled captions.
 """
 
 from __future__ import annotations
@@ -50,6 +55,39 @@ DEFAULT_ANSWER = (
 OFF_TEMPLATE_ANSWER = "In the second picture the cube has turned blue."
 _DIRECTIVE = re.compile(r"\[\[([^\]]*)\]\]")
 _SIGNATURES = (b"\x89PNG", b"\xff\xd8", b"GIF8", b"RIFF")
+
+
+def pair_digest(images: list[bytes]) -> str:
+    """The SHA-256 of a request's image bytes, first image first: the key of :func:`labelled_answer`'s labels."""
+    return hashlib.sha256(b"".join(hashlib.sha256(x).digest() for x in images)).hexdigest()
+
+
+def labelled_answer(labels: dict[str, str], default: str = "unlabelled pair") -> Callable[[str, list[bytes]], str]:
+    """An ``answer``: the caption labelled for the request's two images (:func:`pair_digest`), else ``default``."""
+    return lambda text, images: labels.get(pair_digest(images), default)
+
+
+_JUDGED = re.compile(r"\nPrediction:\n(.*?)\n\nAnswer with", re.S)
+
+
+def judge_answer(scripts: dict[str, list[Any]]) -> Callable[[str, list[bytes]], str]:
+    """An ``answer`` for namc's judge prompt: the k-th request about a prediction gets ``scripts[prediction][k]``
+    (the last one repeats); a dict is sent as JSON, a string as it is (a malformed judgement). A prediction without
+    a script gets a judgement of no changes at all."""
+    calls: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def answer(text: str, images: list[bytes]) -> str:
+        match = _JUDGED.search(text)
+        prediction = match.group(1).strip() if match else ""
+        steps = scripts.get(prediction) or [{"reference_changes": [], "prediction_changes": []}]
+        with lock:
+            k = calls[prediction]
+            calls[prediction] += 1
+        step = steps[min(k, len(steps) - 1)]
+        return step if isinstance(step, str) else json.dumps(step)
+
+    return answer
 
 
 class RequestInvalid(ValueError):
@@ -274,8 +312,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="a scriptable OpenAI-compatible test server on 127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--labels", help="a JSON {pair_digest: caption}: answer each pair with its labelled caption")
     args = parser.parse_args()
-    server = LLMServer(latency=args.latency, port=args.port)
+    answer = None
+    if args.labels:
+        with open(args.labels, encoding="utf-8") as f:
+            answer = labelled_answer(json.load(f))
+    server = LLMServer(answer=answer, latency=args.latency, port=args.port)
     print(server.port, flush=True)
     server.httpd.serve_forever()
 

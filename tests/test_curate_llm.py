@@ -1,4 +1,4 @@
-"""namc.curate.prompts and namc.curate.llm: the paper's prompts, the client's retries against a real HTTP server
+"""namc.curate.prompts and namc.llm: the paper's prompts, the client's retries against a real HTTP server
 (tests/llm_server.py), the rate limiter and backoff, and the SIGKILL-safe results store."""
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from namc.curate.llm import ClientConfig, LLMClient, RequestFailed, ResultStore, image_message
-from namc.curate.llm.client import RateLimiter, backoff_delay
-from namc.curate.llm.store import last_results
 from namc.curate.prompts import (
     CC3M_PROMPT,
     CONVENTIONAL_PROMPT,
@@ -27,6 +24,9 @@ from namc.curate.prompts import (
     describe_prompt,
     prompt_kind,
 )
+from namc.llm import ClientConfig, LLMClient, RequestFailed, ResultStore, image_message
+from namc.llm.client import RateLimiter, backoff_delay
+from namc.llm.store import last_results
 
 sys.path.insert(0, str(Path(__file__).parent))
 from llm_server import DEFAULT_ANSWER, LLMServer  # noqa: E402

@@ -21,12 +21,12 @@ from namc.curate import filtering as filter_cli
 from namc.curate.audit.report import render_html
 from namc.curate.index import build_index
 from namc.curate.index import main as index_main
-from namc.curate.llm import ClientConfig, LLMClient, RequestFailed, ResultStore, image_message
-from namc.curate.llm.runner import RunSummary, read_jsonl_objects
 from namc.curate.sources import SourceSpec
 from namc.curate.sources.captions import read_captions
 from namc.curate.sources.cc3m import read_webdataset
 from namc.data.issues import DataIssues
+from namc.llm import ClientConfig, LLMClient, RequestFailed, ResultStore, image_message
+from namc.llm.runner import RunSummary, read_jsonl_objects
 from namc.locks import output_lock
 from namc.text.template import MAX_DESCRIPTION_CHARS, RejectReason, TemplateError, parse, rebuild, validate
 

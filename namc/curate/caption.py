@@ -30,7 +30,10 @@ from typing import Any
 
 from namc.curate.config import add_config_arguments, parse_with_config
 from namc.curate.describe import count_lines, image_key, summary_path
-from namc.curate.llm import (
+from namc.curate.prompts import CAPTION_PROMPT
+from namc.data.refs import rebase_ref
+from namc.jsonl import json_line
+from namc.llm import (
     BadInput,
     Job,
     ResultStore,
@@ -41,11 +44,8 @@ from namc.curate.llm import (
     image_message,
     run_jobs,
 )
-from namc.curate.llm.runner import read_jsonl_objects
-from namc.curate.llm.store import atomic_write_text, last_results, read_at
-from namc.curate.prompts import CAPTION_PROMPT
-from namc.data.refs import rebase_ref
-from namc.jsonl import json_line
+from namc.llm.runner import read_jsonl_objects
+from namc.llm.store import atomic_write_text, last_results, read_at
 from namc.locks import LockedError, output_lock
 
 __all__ = ["caption_jobs", "main", "write_captions"]

@@ -9,7 +9,7 @@ OpenAI-compatible chat server (the paper: Qwen2-VL-7B-Instruct; ``vllm serve Qwe
         --base-url http://gpu-host:8000/v1 --concurrency 64
     namc curate filter --results work/corpus/descriptions.jsonl     # -> manifest.jsonl, rejects, Table 14
 
-Results are appended to ``--out`` one line per pair as they arrive (:class:`~namc.curate.llm.ResultStore`): a rerun
+Results are appended to ``--out`` one line per pair as they arrive (:class:`~namc.llm.ResultStore`): a rerun
 skips finished pairs, a run killed at any moment loses only its requests in flight, and a pair that keeps failing is
 recorded with its last error after ``--max-attempts`` (``--retry-failed`` tries those again). Every pair is
 accounted for in the summary printed at the end and saved beside ``--out`` (``*.summary.json``).
@@ -20,6 +20,12 @@ rewritten relative to the results file's folder (absolute ones stay absolute).
 
 Captions: a pair's ``caption1``/``caption2``, else the captions JSONL of ``namc curate caption`` (``--captions``,
 ``{"key", "caption"}`` joined on ``key1``/``key2``; held in memory). A pair without them fails as ``missing_field``.
+
+``--prompt conventional`` sends appendix B.2's conventional request instead (:data:`~namc.curate.prompts.
+CONVENTIONAL_PROMPT`: the change in free text, no template, no captions needed), for Table 11's baseline corpus;
+its results say ``"prompt": "conventional"`` and ``namc curate filter`` keeps their text as written (free-text
+records). One results file holds one kind: a run whose ``--prompt`` differs from the file's results stops with one
+line, since resuming would silently mix the two corpora.
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from namc.curate.config import add_config_arguments, parse_with_config
-from namc.curate.llm import (
+from namc.curate.prompts import CONVENTIONAL, PromptError, conventional_prompt, describe_prompt, prompt_kind
+from namc.data.refs import rebase_ref
+from namc.jsonl import loads
+from namc.llm import (
     BadInput,
     Job,
     ResultStore,
@@ -44,13 +53,14 @@ from namc.curate.llm import (
     image_message,
     run_jobs,
 )
-from namc.curate.llm.runner import read_jsonl_objects
-from namc.curate.llm.store import atomic_write_text
-from namc.curate.prompts import PromptError, describe_prompt, prompt_kind
-from namc.data.refs import rebase_ref
+from namc.llm.runner import read_jsonl_objects
+from namc.llm.store import atomic_write_text
 from namc.locks import LockedError, output_lock
 
-__all__ = ["build_parser", "describe_jobs", "load_captions", "main"]
+__all__ = ["PROMPT_STYLES", "build_parser", "describe_jobs", "load_captions", "main"]
+
+#: ``--prompt``: appendix D.2's template prompts (chosen per source) or appendix B.2's conventional one.
+PROMPT_STYLES = ("template", CONVENTIONAL)
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +104,16 @@ def describe_jobs(
     captions: dict[str, str],
     max_side: int | None = None,
     limit: int | None = None,
+    prompt: str = "template",
 ) -> Iterator[Job]:
     """The pairs of one or more pairs JSONL files not finished in ``store``, as jobs (counts resumed / skipped lines
-    into ``summary``; an id is unique across all the files). ``limit`` stops after that many input lines."""
+    into ``summary``; an id is unique across all the files). ``limit`` stops after that many input lines;
+    ``prompt`` is one of :data:`PROMPT_STYLES`."""
+    if prompt not in PROMPT_STYLES:
+        raise ValueError(f"prompt must be one of {PROMPT_STYLES}, got {prompt!r}")
     seen: set[str] = set()
     for path in [pairs_path] if isinstance(pairs_path, Path) else pairs_path:
-        yield from _file_jobs(Path(path), out_dir, store, summary, captions, max_side, limit, seen)
+        yield from _file_jobs(Path(path), out_dir, store, summary, captions, max_side, limit, seen, prompt)
         if limit is not None and summary.lines >= limit:
             return
 
@@ -113,6 +127,7 @@ def _file_jobs(
     max_side: int | None,
     limit: int | None,
     seen: set[str],
+    prompt: str,
 ) -> Iterator[Job]:
     base = pairs_path.parent
     for _, pair in read_jsonl_objects(pairs_path, summary, "id", seen):
@@ -120,7 +135,11 @@ def _file_jobs(
             summary.resumed += 1
         else:
             source = str(pair.get("source") or "").strip() or "unknown"
-            kind = prompt_kind(source, pair.get("instruction"), pair.get("difference"))
+            kind = (
+                CONVENTIONAL
+                if prompt == CONVENTIONAL
+                else prompt_kind(source, pair.get("instruction"), pair.get("difference"))
+            )
             fields: dict[str, Any] = {"source": source, "prompt": kind}
             refs = [pair.get("image1"), pair.get("image2")]
             for slot, ref in zip(("image1", "image2"), refs):
@@ -141,6 +160,8 @@ def _builder(
     def build() -> list[dict[str, Any]]:
         if not all(isinstance(r, str) and r.strip() for r in refs):
             raise BadInput("missing_field", "the pair needs string 'image1' and 'image2' references")
+        if fields["prompt"] == CONVENTIONAL:  # the same request for every pair: the images say it all
+            return image_message(conventional_prompt()[1], [data_url(r, base, max_side) for r in refs])
         try:
             _, text = describe_prompt(
                 fields["source"],
@@ -175,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="results JSONL, appended (default WORKDIR/descriptions.jsonl)"
     )
     p.add_argument("--captions", type=Path, default=None, help="captions JSONL {key, caption} joined on key1/key2")
+    p.add_argument(
+        "--prompt",
+        choices=PROMPT_STYLES,
+        default="template",
+        help="template: appendix D.2's prompt of each pair's source (default); conventional: appendix B.2's free-text "
+        "prompt (Table 11's baseline corpus)",
+    )
     p.add_argument("--max-side", type=int, default=None, help="resize images whose longer side exceeds this")
     p.add_argument("--retry-failed", action="store_true", help="request the pairs recorded as failed again")
     p.add_argument("--limit", type=int, default=None, help="stop after this many pairs lines (a trial run)")
@@ -216,19 +244,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # one run per output folder: two runs on one results file would send every request twice
         with output_lock(out.parent, "namc curate describe"), ResultStore(out) as store:
+            _check_style(out, args.prompt)
             if args.retry_failed:
                 logger.info("retrying %d failed pairs", store.forget_failed())
             todo = max(0, sum(count_lines(p, args.limit) for p in pairs) - len(store.done))
-            jobs = describe_jobs(pairs, out.parent, store, summary, captions, args.max_side, args.limit)
+            jobs = describe_jobs(pairs, out.parent, store, summary, captions, args.max_side, args.limit, args.prompt)
             run_jobs(jobs, store, config, summary, total=todo, progress=not args.quiet, desc="describe", seed=args.seed)
             summary.check()
             atomic_write_text(summary_path(out), json.dumps(summary.to_dict(), indent=2) + "\n")
-    except LockedError as err:
+    except (LockedError, StyleError) as err:
         print(f"namc curate describe: error: {err}", file=sys.stderr)
         return 2
     print(summary.format())
     print(f"results: {out}  (next: namc curate filter --results {out})")
     return 0
+
+
+class StyleError(ValueError):
+    """A results file holds results of the other ``--prompt`` style."""
+
+
+def _check_style(out: Path, prompt: str) -> None:
+    """Refuse to append ``prompt`` results to a results file whose first result was asked the other way.
+
+    Raises:
+        StyleError: naming the file, both styles and the way out.
+    """
+    if not out.is_file():
+        return
+    with open(out, "rb") as f:
+        for raw in f:
+            try:
+                first = loads(raw.decode("utf-8"))
+            except ValueError:  # a torn, corrupt, non-UTF-8 or too deeply nested line: the store counts it
+                continue
+            if isinstance(first, dict) and isinstance(first.get("prompt"), str):
+                found = CONVENTIONAL if first["prompt"] == CONVENTIONAL else "template"
+                if found != prompt:
+                    raise StyleError(
+                        f"{out} holds --prompt {found} results; write the --prompt {prompt} ones to another --out"
+                    )
+                return
 
 
 def count_lines(path: Path, limit: int | None) -> int:

@@ -12,6 +12,11 @@ containing only negations and auxiliary verbs" are filtered out (about 0.2% of 7
   :data:`~namc.text.template.MAX_DESCRIPTION_CHARS`) or ``request_failed`` (no usable answer: the server never
   answered, or its answer passed the client's caps, ``too_long``; ``detail`` holds the last error).
 
+Results of ``namc curate describe --prompt conventional`` (``"prompt": "conventional"``, appendix B.2) are not
+held to the template: their text goes into the manifest as written, flagged ``"free_text": true``
+(:mod:`namc.data.corpus.records`), and only an ``empty`` or ``too_long`` one is rejected. Such a manifest pre-trains
+FDG alone (Table 11: NAMC without NIM and MIR).
+
 Table 14's statistics (total, unique, repetition, repetition ratio per source and overall, plus the rejections by
 reason) are printed and saved (``table14.json``); request failures are reported beside them, not mixed into the
 template rejection rate the paper's 0.2% refers to.
@@ -36,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from namc.curate.config import add_config_arguments, parse_with_config
-from namc.curate.llm.store import atomic_write_text, last_results, read_at
+from namc.curate.prompts import CONVENTIONAL
 from namc.data.corpus.records import RecordError, parse_record
 from namc.data.refs import rebase_ref
 from namc.jsonl import json_line
+from namc.llm.store import atomic_write_text, last_results, read_at
 from namc.locks import LockedError, output_lock
 from namc.text.template import TemplateStats
 
@@ -137,12 +143,15 @@ def filter_results(results: str | Path, manifest: str | Path, rejects: str | Pat
                 row = {"id": pair_id, "source": source, "reason": "bad_result", "detail": "no image1/image2 refs"}
                 bad.write(json.dumps(row) + "\n")
                 continue
-            reason = report.stats.add(text, source)
+            free_text = r.get("prompt") == CONVENTIONAL
+            reason = report.stats.add(text, source, free_text)
             if reason is not None:
                 row = {"id": pair_id, "source": source, "reason": reason.value, "text": text}
                 bad.write(json_line(row))
                 continue
             obj = {"id": pair_id, "source": source, "description": text}
+            if free_text:
+                obj["free_text"] = True
             obj["image1"], obj["image2"] = (rebase_ref(x, src_dir, dst_dir) for x in refs)
             try:
                 record = parse_record(obj)  # the template and the refs were checked above; the id was not

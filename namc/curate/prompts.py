@@ -7,6 +7,10 @@ implicit-change description* in the template of section 3.1.2. The instruction d
 - **InstructPix2Pix** (:data:`IP2P_PROMPT`): adds the edit prompt as ``{instruction}``;
 - **CC3M and any other source** (:data:`CC3M_PROMPT`, also printed in section 3.1.2): captions only.
 
+Appendix B.2's **conventional** prompt (:data:`CONVENTIONAL_PROMPT`, Table 11's baseline) asks for the change in
+free text, without a template and without captions, for a pair of any source (:func:`conventional_prompt`); its
+answers are kept as written (``free_text`` records, :mod:`namc.data.corpus.records`).
+
 ``{caption}`` appears twice in each instruction: the first is the first image's fine-grained paragraph, the second
 the second image's. ``{template}`` is :data:`namc.text.template.TEMPLATE` (section 3.1.2), quoted inside the
 prompt's single quotes as the paper prints it.
@@ -37,12 +41,14 @@ from namc.text.template import TEMPLATE
 __all__ = [
     "CAPTION_PROMPT",
     "CC3M_PROMPT",
+    "CONVENTIONAL",
     "CONVENTIONAL_PROMPT",
     "IP2P_PROMPT",
     "PROMPTS",
     "STD_PROMPT",
     "TEMPLATE",
     "PromptError",
+    "conventional_prompt",
     "describe_prompt",
     "fill",
     "prompt_kind",
@@ -71,7 +77,10 @@ CC3M_PROMPT = (
     "according to the template: '{template}'."
 )
 
-#: Appendix B.2: the "conventional" prompt without a template (the Table 11 baseline); not used by the pipeline.
+#: The prompt kind of :data:`CONVENTIONAL_PROMPT` (``namc curate describe --prompt conventional``).
+CONVENTIONAL = "conventional"
+
+#: Appendix B.2: the "conventional" prompt without a template (the Table 11 baseline); no slots.
 CONVENTIONAL_PROMPT = (
     "Given the first and the second images, describe the change between the two images. What has changed from the "
     "first image to the second?"
@@ -190,3 +199,9 @@ def describe_prompt(
     if kind == "ip2p":
         values["instruction"] = instruction  # type: ignore[assignment]
     return kind, fill(PROMPTS[kind], values)
+
+
+def conventional_prompt() -> tuple[str, str]:
+    """``(kind, text)`` of appendix B.2's conventional request, the same for every pair: it names no caption,
+    instruction or difference, and both images go with it."""
+    return CONVENTIONAL, CONVENTIONAL_PROMPT

@@ -82,7 +82,10 @@ class PretrainCollator:
     The batch has ``image1``, ``image2``, ``desc1``, ``desc2`` (B, L), ``caption``, ``caption_src1``,
     ``caption_src2`` (B, T), ``noise1``, ``noise2`` (B, L) bool token labels (all False where unknown),
     ``has_noise`` (B,) bool, ``codes1``/``codes2`` (B, N) when every item has codes, ``grid1``/``grid2`` (B, N, C)
-    when every item has precomputed grids (``namc data precompute``), and ``ids``.
+    when every item has precomputed grids (``namc data precompute``), ``free_text`` (B,) bool and ``ids``.
+
+    A free-text item (``free_text`` True, :mod:`namc.data.corpus.records`) has no halves: its caption is its whole
+    description, its ``desc1``/``desc2`` hold only [SOS] [EOS] and no caption token copies from them.
     """
 
     def __init__(
@@ -114,6 +117,20 @@ class PretrainCollator:
             torch.rand(len(items)) < self.swap_prob if self.swap_prob > 0 else torch.zeros(len(items), dtype=torch.bool)
         )
         for item, swap in zip(items, swaps.tolist()):
+            if item.get("free_text"):  # no halves to swap or copy: the caption is the description, NIM reads nothing
+                if swap:
+                    raise ValueError(f"item {item.get('id')!r}: a free-text description cannot follow swapped images")
+                img1.append(item["image1"])
+                img2.append(item["image2"])
+                for rows in (d1s, d2s):
+                    rows.append([tok.bos_id, tok.eos_id])
+                caps.append(encode_caption(tok, item["description"], self.max_caption_len))
+                src1s.append([-1] * len(caps[-1]))
+                src2s.append([-1] * len(caps[-1]))
+                n1s.append([False, False])
+                n2s.append([False, False])
+                has_noise.append(False)
+                continue
             a, b = ("2", "1") if swap else ("1", "2")
             verb1, verb2 = item["verb" + a], item["verb" + b]
             desc1_ids, words1, noise1 = self._half(item["desc" + a], item.get("noise" + a), item.get("id"))
@@ -154,6 +171,7 @@ class PretrainCollator:
             "noise1": pad_sequences([[int(x) for x in n] for n in n1s], 0, L).bool(),
             "noise2": pad_sequences([[int(x) for x in n] for n in n2s], 0, L).bool(),
             "has_noise": torch.tensor(has_noise),
+            "free_text": torch.tensor([bool(item.get("free_text")) for item in items]),
             "ids": [str(item.get("id", i)) for i, item in enumerate(items)],
         }
         c1 = [it.get("codes1") for it in items]

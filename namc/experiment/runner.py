@@ -113,6 +113,18 @@ def prepare_data(study: Study, out: Path, progress: bool = True) -> dict[str, di
     }
 
 
+def _expand_shapes(value: Any, folder: Path) -> Any:
+    """``value`` with ``{shapes}`` in its strings replaced by the generated shapes world's folder, so a variant can
+    name one of its files (Table 11: ``{shapes}/corpus/conventional.jsonl``)."""
+    if isinstance(value, str):
+        return value.replace("{shapes}", str(folder))
+    if isinstance(value, dict):
+        return {k: _expand_shapes(v, folder) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_shapes(v, folder) for v in value]
+    return value
+
+
 def _same_json(path: Path, expected: Any) -> bool:
     """Whether ``path`` holds ``expected`` as JSON (missing or unreadable: no, so the data is generated again)."""
     try:
@@ -216,6 +228,8 @@ class _Runner:
         cfg = self.study.stage_config(variant, stage, self.data[stage])
         if cfg is not None:
             cfg["seed_everything"] = seed
+            if self.study.shapes is not None:
+                cfg = _expand_shapes(cfg, self.out / "data")
         return cfg
 
     def _key(self, cfg: dict[str, Any] | None) -> Any:

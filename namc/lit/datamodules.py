@@ -26,7 +26,8 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from namc.data.collate import CaptionCollator, PretrainCollator, SkipNone
-from namc.data.corpus import CorpusDataset
+from namc.data.corpus import CorpusDataset, RecordError, iter_manifest, parse_record
+from namc.data.corpus.records import parse_line
 from namc.data.corruptions import CORRUPTIONS, CaptionNoiseView, CorruptedView
 from namc.data.idc import BENCHMARKS, BenchmarkDataset, build_benchmark, check_benchmark_root
 from namc.data.pairs import PairListDataset
@@ -283,7 +284,9 @@ class CorpusDataModule(NAMCDataModule):
             pre-trained here can later be fine-tuned on them without unknown words.
         max_text_len: most ids of one description half with [SOS]/[EOS] (the CLIP context; linked from the model).
         max_caption_len: most ids of a whole description (linked from the model).
-        swap_prob: probability of exchanging the two images of a pair (the appendix B.3 ablation).
+        swap_prob: probability of exchanging the two images of a pair and the halves of its description (appendix
+            B.3, Table 12; 0: the paper's NAMC, whose IER scores in Table 3 are Table 12's "without order exchange").
+            Free-text descriptions (appendix B.2) have no halves to exchange and need 0.
         shuffle_buffer: samples held by each reader's shuffle buffer (shard order is permuted per epoch too).
         shuffle_seed: seed of the shard permutation and the shuffle buffers.
         max_image_pixels: images with more pixels are skipped as ``oversized_image`` before decoding (None: no
@@ -321,6 +324,8 @@ class CorpusDataModule(NAMCDataModule):
         super().__init__(tokenizer, min_freq)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if not 0.0 <= swap_prob <= 1.0:
+            raise ValueError(f"data.init_args.swap_prob must be a probability in [0, 1], got {swap_prob}")
         self.save_hyperparameters()
         self.precomputed = precomputed
         self.subset = {
@@ -362,6 +367,22 @@ class CorpusDataModule(NAMCDataModule):
             ds = build_benchmark(name, root, "train", None)
             texts += [c for entry in ds.entries for c in entry[3]]
         return texts
+
+    def free_text_example(self) -> str | None:
+        """The id of the training corpus's first record when it is free text (appendix B.2), else None: one record
+        read without its images, so pre-training can refuse NIM / MIR before its first step."""
+        self._check(self.train_path, "train")
+        ds = CorpusDataset(self.train_path, None, rank=0, world_size=1, load_images=False, precomputed=False)
+        if ds.mode == "manifest":  # the first line that parses (the dataset would scan every id for duplicates first)
+            for _, line in iter_manifest(ds.paths[0]):
+                try:
+                    rec = parse_record(parse_line(line))
+                except RecordError:  # skipped and counted when training reads it
+                    continue
+                return rec.id if rec.free_text else None
+            return None
+        first = next(iter(ds), None)
+        return first["id"] if first is not None and first["free_text"] else None
 
     def setup(self, stage: str) -> None:
         if stage == "fit":

@@ -31,7 +31,8 @@ class PretrainModule(NAMCModule):
             presets). None: the preset's default.
         use_nim: the NIM alignment loss and noise masking (off: no L_NIM, and masks become random at p_I / p_T
             unless ``masking="none"``).
-        use_mir: the MIR reconstruction loss (Table 6 "- MIR": off).
+        use_mir: the MIR reconstruction loss (Table 6 "- MIR": off). A corpus of free-text descriptions (appendix
+            B.2's conventional prompt, :mod:`namc.data.corpus.records`) needs both off: it trains FDG only (Table 11).
         masking: ``"noise"`` (NM), ``"random"`` (Fig. 3 baseline: every position at p_I / p_T) or ``"none"`` (no
             masking at all: the paper's "without NIM" of Table 6 / Table 10, with ``use_nim=False``; the model is
             built as random masking at p_I = p_T = 0, so nothing is ever masked).
@@ -128,6 +129,30 @@ class PretrainModule(NAMCModule):
             )
         if stage in ("fit", "validate") and getattr(dm, "precomputed", False):
             self._check_precomputed([getattr(dm, "train_path", None), getattr(dm, "val_path", None)])
+        if stage == "fit" and hasattr(dm, "free_text_example"):  # the first record, before any step
+            self._check_free_text(dm.free_text_example())
+
+    def _check_free_text(self, pair_id: str | None) -> None:
+        """A free-text description (appendix B.2, ``pair_id``; None: none seen) has no halves for NIM and MIR and no
+        order to exchange: pre-training on one is FDG only, as Table 11's "without NIM and MIR"."""
+        if pair_id is None:
+            return
+        c = self.model.config
+        on = [f"model.init_args.{k}" for k in ("use_nim", "use_mir") if getattr(c, k)]
+        dm = self._datamodule()
+        if getattr(dm, "swap_prob", 0.0) > 0:
+            on.append("data.init_args.swap_prob")
+        if on:
+            raise ValueError(
+                f"pair {pair_id!r} has a free-text description (no template halves, appendix B.2), which pre-trains "
+                f"FDG only: turn off {' and '.join(on)} (false / 0)"
+            )
+
+    def _check_batch(self, batch: dict[str, Any]) -> None:
+        """:meth:`_check_free_text` for a corpus whose free-text records come after its first."""
+        flags = batch.get("free_text")
+        if flags is not None and bool(flags.any()):
+            self._check_free_text(batch["ids"][int(flags.nonzero()[0, 0])])
 
     def _check_precomputed(self, corpora: list[str | None]) -> None:
         """The corpus's precomputed targets come from this model's frozen VQGAN and grid encoder (before training,
@@ -174,6 +199,7 @@ class PretrainModule(NAMCModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         """One pre-training step; returns ``loss`` and the detached parts (``outputs`` of ``on_train_batch_end``)."""
+        self._check_batch(batch)
         gather = all_gather_with_grad if (self.hparams.gather_negatives and distributed_ready()) else None
         generator = self._generator(self._epoch_batch(batch_idx), 0)
         out = pretrain_step(self.model, self._with_cache(batch), generator, gather)
@@ -184,6 +210,7 @@ class PretrainModule(NAMCModule):
         return out
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._check_batch(batch)
         out = pretrain_step(self.model, self._with_cache(batch), self._generator(batch_idx, 1), None)
         B = batch["image1"].shape[0]
         for key in ("loss", "nim", "mir", "fdg"):

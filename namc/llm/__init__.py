@@ -1,20 +1,21 @@
 """Talking to a multimodal LLM server at scale: an async client with counted retries, a resumable results store,
-and a job runner (``namc curate caption`` and ``namc curate describe`` are built from these).
+and a job runner: ``namc curate caption | describe``, the edit-pair engines' MLLM stages, ``namc eval lmm`` and
+``namc eval judge`` are built from these (the ``[curate]`` extra: the official ``openai`` package).
 
-- :mod:`~namc.curate.llm.client`: :class:`LLMClient` over ``openai.AsyncOpenAI`` (retries, backoff, rate limit);
-- :mod:`~namc.curate.llm.store`: :class:`ResultStore`, the append-only JSONL that survives SIGKILL;
-- :mod:`~namc.curate.llm.images`: images as ``data:`` URLs, chat messages;
-- :mod:`~namc.curate.llm.runner`: :func:`run_jobs` and :class:`RunSummary`.
+- :mod:`~namc.llm.client`: :class:`LLMClient` over ``openai.AsyncOpenAI`` (retries, backoff, rate limit);
+- :mod:`~namc.llm.store`: :class:`ResultStore`, the append-only JSONL that survives SIGKILL;
+- :mod:`~namc.llm.images`: images as ``data:`` URLs, chat messages;
+- :mod:`~namc.llm.runner`: :func:`run_jobs` and :class:`RunSummary`.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from namc.curate.llm.client import ClientConfig, Completion, LLMClient, RequestFailed
-from namc.curate.llm.images import BadInput, data_url, image_message
-from namc.curate.llm.runner import Job, RunSummary, run_jobs
-from namc.curate.llm.store import ResultStore
+from namc.llm.client import ClientConfig, Completion, LLMClient, RequestFailed
+from namc.llm.images import BadInput, data_url, image_message
+from namc.llm.runner import Job, RunSummary, run_jobs
+from namc.llm.store import ResultStore
 
 __all__ = [
     "BadInput",

@@ -26,7 +26,7 @@ from namc.data.refs import read_ref
 #: the same default cap as :data:`namc.data.transforms.MAX_IMAGE_PIXELS` (PIL's own limit)
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS
 
-__all__ = ["BadInput", "data_url", "image_message"]
+__all__ = ["BadInput", "data_url", "image_message", "load_image"]
 
 _MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 
@@ -70,6 +70,27 @@ def _rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+def load_image(ref: str, base: str | Path | None, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
+    """The fully decoded image a reference names (:func:`namc.data.refs.read_ref`), its format and PNG text kept.
+
+    Raises:
+        BadInput: ``missing_image``, ``corrupt_image`` or ``oversized_image``, with a one-line message naming ``ref``.
+    """
+    return _decode(_read(ref, base), ref, max_pixels)
+
+
+def _read(ref: str, base: str | Path | None) -> bytes:
+    try:
+        data = read_ref(ref, base)
+    except FileNotFoundError as err:
+        raise BadInput("missing_image", str(err)) from None
+    except OSError as err:
+        raise BadInput("corrupt_image", f"{ref}: {err}") from None
+    if not data:
+        raise BadInput("corrupt_image", f"{ref}: empty (0 bytes), not an image")
+    return data
+
+
 def data_url(
     ref: str, base: str | Path | None, max_side: int | None = None, max_pixels: int | None = MAX_IMAGE_PIXELS
 ) -> str:
@@ -84,14 +105,7 @@ def data_url(
     Raises:
         BadInput: ``missing_image``, ``corrupt_image`` or ``oversized_image``, with a one-line message naming ``ref``.
     """
-    try:
-        data = read_ref(ref, base)
-    except FileNotFoundError as err:
-        raise BadInput("missing_image", str(err)) from None
-    except OSError as err:
-        raise BadInput("corrupt_image", f"{ref}: {err}") from None
-    if not data:
-        raise BadInput("corrupt_image", f"{ref}: empty (0 bytes), not an image")
+    data = _read(ref, base)
     img = _decode(data, ref, max_pixels)
     mime = _MIME.get(img.format or "")
     too_big = max_side is not None and max(img.size) > max_side

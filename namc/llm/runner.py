@@ -1,8 +1,8 @@
-"""Running many chat requests into a :class:`~namc.curate.llm.store.ResultStore`: bounded, resumable, counted.
+"""Running many chat requests into a :class:`~namc.llm.store.ResultStore`: bounded, resumable, counted.
 
 :func:`run_jobs` pulls jobs from an iterator (so 770K pairs never sit in memory: at most ``2 * concurrency`` jobs
 are queued), builds each job's messages in a worker thread (reading and base64-encoding images must not stall the
-event loop), sends it through :class:`~namc.curate.llm.client.LLMClient` and appends the result the moment it
+event loop), sends it through :class:`~namc.llm.client.LLMClient` and appends the result the moment it
 arrives. Every input item ends in exactly one bucket of :class:`RunSummary`:
 
 - ``resumed``: finished in an earlier run (skipped);
@@ -28,10 +28,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from namc.curate.llm.client import ClientConfig, LLMClient, RequestFailed
-from namc.curate.llm.images import BadInput
-from namc.curate.llm.store import ResultStore
 from namc.jsonl import loads
+from namc.llm.client import ClientConfig, LLMClient, RequestFailed
+from namc.llm.images import BadInput
+from namc.llm.store import ResultStore
 
 __all__ = ["Job", "RunSummary", "run_jobs"]
 
@@ -43,7 +43,7 @@ class Job:
     """One request to make.
 
     ``build()`` returns the chat messages (it reads images, so it runs in a worker thread) and may raise
-    :class:`~namc.curate.llm.images.BadInput`; ``fields`` are copied into the stored result, beside ``status``,
+    :class:`~namc.llm.images.BadInput`; ``fields`` are copied into the stored result, beside ``status``,
     ``text`` or ``error``.
     """
 

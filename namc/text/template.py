@@ -260,8 +260,13 @@ def parse(description: str) -> ParsedDescription:
     return ParsedDescription(verb1, desc1, verb2, desc2)
 
 
-def validate(description: str) -> RejectReason | None:
-    """Returns ``None`` for a usable description, else the :class:`RejectReason` it fails with."""
+def validate(description: str, free_text: bool = False) -> RejectReason | None:
+    """Returns ``None`` for a usable description, else the :class:`RejectReason` it fails with; a ``free_text`` one
+    (appendix B.2's conventional prompt, no template) fails only when empty or too long."""
+    if free_text:
+        if not isinstance(description, str) or not description.strip():
+            return RejectReason.EMPTY
+        return RejectReason.TOO_LONG if len(description) > MAX_DESCRIPTION_CHARS else None
     try:
         parse(description)
     except TemplateError as err:
@@ -368,10 +373,11 @@ class TemplateStats:
         self._rows: dict[str, SourceStats] = {}
         self._seen: dict[str, set[bytes]] = {}
 
-    def add(self, description: str, source: str = "all") -> RejectReason | None:
-        """Validates and counts one description; returns its :class:`RejectReason` or ``None`` if accepted."""
+    def add(self, description: str, source: str = "all", free_text: bool = False) -> RejectReason | None:
+        """Validates and counts one description (``free_text``: as :func:`validate` does); returns its
+        :class:`RejectReason` or ``None`` if accepted."""
         row = self._rows.setdefault(source, SourceStats())
-        reason = validate(description)
+        reason = validate(description, free_text)
         if reason is not None:
             row.rejected[reason.value] = row.rejected.get(reason.value, 0) + 1
             return reason

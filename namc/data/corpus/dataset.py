@@ -95,13 +95,15 @@ class CorpusDataset(IterableDataset):
          "description": str, "verb1": str, "desc1": str, "verb2": str, "desc2": str,
          "noise1": list[int] | None, "noise2": list[int] | None,
          "codes1": LongTensor (N,) | None, "codes2": LongTensor (N,) | None,
-         "grid1": FloatTensor (N, C) | None, "grid2": ...}
+         "grid1": FloatTensor (N, C) | None, "grid2": ...,
+         "free_text": bool}
 
     ``codes``/``grid`` come from the targets ``namc data precompute`` wrote beside a shard
     (:mod:`namc.data.corpus.targets`) when ``precomputed`` is on and the sample has a row there (codes also from a
     sample's own ``codes.npy``); else they are None and the frozen encoders compute them.
 
-    ``description`` is the record's text with whitespace normalised (not re-templated); the images are ``None``
+    ``description`` is the record's text with whitespace normalised (not re-templated); a free-text record
+    (:mod:`namc.data.corpus.records`) has ``free_text`` True and empty verbs and halves; the images are ``None``
     only when ``load_images=False``. Bad samples are skipped and counted in :attr:`issues`.
 
     Args:
@@ -309,6 +311,7 @@ class CorpusDataset(IterableDataset):
             "codes2": codes[1],
             "grid1": grids[0],
             "grid2": grids[1],
+            "free_text": rec.free_text,
         }
 
     @staticmethod

@@ -9,6 +9,16 @@ Manifest (one JSON object per line; image paths relative to the manifest's folde
      "noise1": [0, 0, 1, ...], "noise2": [...],                               # optional word-level noise labels
      "codes": "codes/0000001.npy"}                                             # optional (2, N) VQGAN codes
 
+A *free-text* record (``"free_text": true``) holds a description written without the template, as appendix B.2's
+"conventional" prompt asks for (``namc curate describe --prompt conventional``; Table 11)::
+
+    {"id": "std-256", "source": "std", "image1": "...", "image2": "...", "free_text": true,
+     "description": "The word hunger is no longer there, the keys are different."}
+
+It has no halves (``verb1``, ``desc1``, ``noise1``, ... are refused), so only FDG can learn from it. The flag is
+declared by whoever wrote the description rather than inferred from a failed parse: a templated description that
+went wrong must stay an ``off_template`` rejection, not turn into free text.
+
 ``source`` is a free string (``ip2p``, ``cc3m``, ``std``, ``shapes``, ...). ``noise1[k]`` is 1 when word
 ``desc1.split()[k]`` is injected noise. ``codes`` is an ``.npy`` file (no pickle) holding two rows of N small
 non-negative integers: the VQGAN tokens of image 1 and image 2 (N = 196 at 224 px with f16).
@@ -33,7 +43,7 @@ import numpy as np
 from namc.data.issues import IssueKind, RecordError
 from namc.data.transforms import ImageTooLargeError
 from namc.jsonl import JSONError, json_line, loads
-from namc.text.template import TemplateError, normalize_whitespace, parse
+from namc.text.template import MAX_DESCRIPTION_CHARS, TemplateError, normalize_whitespace, parse
 
 __all__ = [
     "IMAGE_ERRORS",
@@ -71,13 +81,19 @@ class CorpusRecord:
     noise1: list[int] | None = None
     noise2: list[int] | None = None
     codes: str | None = None
+    free_text: bool = False  # a description without the template (appendix B.2): no halves, FDG only
 
     def to_json(self, with_paths: bool = True) -> dict[str, Any]:
         """The manifest line (``with_paths=False``: the shard's ``{key}.json``, without image/codes paths)."""
         out: dict[str, Any] = {"id": self.id, "source": self.source}
         if with_paths:
             out["image1"], out["image2"] = self.image1, self.image2
-        out.update(description=self.description, verb1=self.verb1, desc1=self.desc1, verb2=self.verb2, desc2=self.desc2)
+        if self.free_text:
+            out.update(description=self.description, free_text=True)
+        else:
+            out.update(
+                description=self.description, verb1=self.verb1, desc1=self.desc1, verb2=self.verb2, desc2=self.desc2
+            )
         if self.noise1 is not None:
             out["noise1"] = self.noise1
         if self.noise2 is not None:
@@ -102,7 +118,8 @@ def parse_record(obj: Any, with_paths: bool = True) -> CorpusRecord:
     """Validates one decoded manifest line (or shard json) and returns the record.
 
     The description is parsed with :func:`namc.text.template.parse`; halves given in the record must agree with it
-    (verbs compared lower-cased, descriptions after whitespace normalisation).
+    (verbs compared lower-cased, descriptions after whitespace normalisation). A free-text record
+    (``"free_text": true``) is not parsed and must not give halves (module docstring).
 
     Args:
         obj: the decoded JSON object.
@@ -117,6 +134,14 @@ def parse_record(obj: Any, with_paths: bool = True) -> CorpusRecord:
     for key in required:
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             raise RecordError(IssueKind.MALFORMED_LINE, f"missing or empty string field {key!r}")
+    free_text = obj.get("free_text", False)
+    if not isinstance(free_text, bool):
+        raise RecordError(IssueKind.MALFORMED_LINE, "field 'free_text' must be true or false")
+    codes = obj.get("codes")
+    if codes is not None and not isinstance(codes, str):
+        raise RecordError(IssueKind.MALFORMED_LINE, "field 'codes' must be a path string")
+    if free_text:
+        return _free_text_record(obj, codes)
     try:
         parsed = parse(obj["description"])
     except TemplateError as err:
@@ -130,9 +155,6 @@ def parse_record(obj: Any, with_paths: bool = True) -> CorpusRecord:
         same = given.strip().lower() == value if key.startswith("verb") else normalize_whitespace(given) == value
         if not same:
             raise RecordError(IssueKind.MALFORMED_LINE, f"field {key!r}={given!r} disagrees with the description")
-    codes = obj.get("codes")
-    if codes is not None and not isinstance(codes, str):
-        raise RecordError(IssueKind.MALFORMED_LINE, "field 'codes' must be a path string")
     return CorpusRecord(
         id=obj["id"],
         source=obj["source"],
@@ -146,6 +168,38 @@ def parse_record(obj: Any, with_paths: bool = True) -> CorpusRecord:
         noise1=_check_labels(obj.get("noise1"), parsed.desc1, "noise1"),
         noise2=_check_labels(obj.get("noise2"), parsed.desc2, "noise2"),
         codes=codes,
+    )
+
+
+_HALF_FIELDS = ("verb1", "desc1", "verb2", "desc2", "noise1", "noise2")
+
+
+def _free_text_record(obj: dict[str, Any], codes: str | None) -> CorpusRecord:
+    """The record of a validated free-text line (module docstring): its description as written, whitespace
+    normalised, and no halves."""
+    halves = [key for key in _HALF_FIELDS if obj.get(key) is not None]
+    if halves:
+        raise RecordError(
+            IssueKind.MALFORMED_LINE, f"a free-text record has no template halves, but it gives {', '.join(halves)}"
+        )
+    text = normalize_whitespace(obj["description"])
+    if len(text) > MAX_DESCRIPTION_CHARS:
+        raise RecordError(
+            IssueKind.MALFORMED_LINE,
+            f"description of {len(text):,} characters (the limit is {MAX_DESCRIPTION_CHARS:,})",
+        )
+    return CorpusRecord(
+        id=obj["id"],
+        source=obj["source"],
+        image1=obj.get("image1", ""),
+        image2=obj.get("image2", ""),
+        description=text,
+        verb1="",
+        desc1="",
+        verb2="",
+        desc2="",
+        codes=codes,
+        free_text=True,
     )
 
 

@@ -1,10 +1,11 @@
 """The shapes world's language: CLEVR-Change-style captions, spatial relations and the halves of a description.
 
-Benchmark captions are paraphrases of one change (``"the small red metal cube changed to blue"``, ``"the large cyan
-rubber sphere has been newly placed"``) or of no change (``"no change was made"``). Pre-training descriptions follow
-the paper's implicit-change template (section 3.1.2): each half names the changed object and its context (another
-object and their relation, or the object's region), as lists of words grouped in phrases;
-:mod:`namc.data.synthetic.noise` adds the noise and joins them.
+Benchmark captions, and the free-text descriptions of the conventional corpus (appendix B.2), are paraphrases of
+one change (``"the small red metal cube changed to blue"``, ``"the large cyan rubber sphere has been newly
+placed"``) or of no change (``"no change was made"``). Pre-training descriptions follow the paper's implicit-change
+template (section 3.1.2): each half names the changed object and its context (another object and their relation, or
+the object's region), as lists of words grouped in phrases; :mod:`namc.data.synthetic.noise` adds the noise and
+joins them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import random
 
 from namc.data.synthetic.scene import NO_CHANGE, ShapeObject, ShapesPair
 
-__all__ = ["VERBS", "change_captions", "description_halves", "no_change_captions"]
+__all__ = ["VERBS", "change_captions", "conventional_description", "description_halves", "no_change_captions"]
 
 _CAPTIONS = {
     "color": [
@@ -89,6 +90,15 @@ def change_captions(pair: ShapesPair, rng: random.Random, n: int) -> list[str]:
         new = ""
     templates = rng.sample(_CAPTIONS[t], min(n, len(_CAPTIONS[t])))
     return [tpl.format(obj=pair.changed.name, new=new) for tpl in templates]
+
+
+def conventional_description(pair: ShapesPair, rng: random.Random) -> str:
+    """A free-text change description of the pair (the shapes world's answer to appendix B.2's conventional prompt):
+    one short sentence, a change caption drawn from ``rng`` with a capital and a period, e.g. "The small red metal
+    cube changed to blue." It names only the changed object, without the context the template's halves add, as the
+    paper finds the conventional prompt's short sentences lose granularity (Figure 10)."""
+    text = change_captions(pair, rng, 1)[0]
+    return text[0].upper() + text[1:] + "."
 
 
 def no_change_captions(rng: random.Random, n: int) -> list[str]:

@@ -13,7 +13,8 @@
   one per pair, naming the changed object and its context, e.g. ``"The difference between the two images is that
   the first image shows a small red metal cube left of a large gray rubber sphere, while the second image shows a
   small blue metal cube left of a large gray rubber sphere."``, with injected noise phrases and word-level labels
-  (:mod:`namc.data.synthetic.noise`).
+  (:mod:`namc.data.synthetic.noise`), and its free-text twin ``conventional.jsonl`` (the same pairs described in one
+  short sentence, ``"The small red metal cube changed to blue."``: appendix B.2's conventional corpus, Table 11).
 
 Pairs are split into chunks run by a process pool; every pair derives from ``(seed, stream, index)`` through its
 own ``random.Random``, so its bytes depend neither on the number of worker processes nor on the chunk size.
@@ -35,14 +36,17 @@ from typing import Any
 from PIL import Image
 from tqdm.auto import tqdm
 
-from namc.data.synthetic.language import change_captions, no_change_captions
+from namc.data.synthetic.language import change_captions, conventional_description, no_change_captions
 from namc.data.synthetic.noise import corpus_record
 from namc.data.synthetic.render import render_scene
 from namc.data.synthetic.scene import CHANGE_TYPES, MAX_OBJECTS, MIN_OBJECTS, check_object_range, make_pair
 
-__all__ = ["generate_benchmark", "generate_corpus"]
+__all__ = ["CONVENTIONAL_MANIFEST", "generate_benchmark", "generate_corpus"]
 
 logger = logging.getLogger(__name__)
+
+#: The corpus's free-text twin of ``manifest.jsonl`` (appendix B.2, Table 11): the same pairs and images.
+CONVENTIONAL_MANIFEST = "conventional.jsonl"
 
 # The most pairs one job renders: small enough that a progress bar moves every second or so on one core.
 _MAX_CHUNK = 64
@@ -181,6 +185,7 @@ def _corpus_job(args: tuple[int, int, Path, float, int, int, tuple[int, int]]) -
         _save(render_scene(pair.before, image_size), out / rel1)
         _save(render_scene(pair.after, image_size, pair.view_after), out / rel2)
         record, stats = corpus_record(pair, seed, noise_rate)
+        conventional = conventional_description(pair, random.Random(f"{seed}-corpus-conventional-{i}"))
         results.append(
             {
                 "index": i,
@@ -190,6 +195,7 @@ def _corpus_job(args: tuple[int, int, Path, float, int, int, tuple[int, int]]) -
                 "image2": rel2,
                 **record,
                 "stats": stats,
+                "conventional": conventional,
             }
         )
     return results
@@ -206,10 +212,14 @@ def generate_corpus(
     max_objects: int = MAX_OBJECTS,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Writes a shapes-world pre-training corpus: ``manifest.jsonl``, ``images/``, ``meta.json``.
+    """Writes a shapes-world pre-training corpus: ``manifest.jsonl``, ``conventional.jsonl``, ``images/``,
+    ``meta.json``.
 
     Each manifest line holds ``id, source="shapes", image1, image2, description, verb1, desc1, verb2, desc2,
     noise1, noise2, change_type`` (the schema of :mod:`namc.data.corpus.records`, plus the change type).
+    ``conventional.jsonl`` (:data:`CONVENTIONAL_MANIFEST`) holds the same pairs with a free-text description each
+    (``free_text: true``, :func:`~namc.data.synthetic.language.conventional_description`, no injected noise): the
+    corpus of appendix B.2's conventional prompt, for Table 11.
 
     Args:
         out_dir: output folder (created).
@@ -236,15 +246,22 @@ def generate_corpus(
         results = sorted(_run_jobs(_corpus_job, jobs, workers, bar), key=lambda r: r["index"])
     totals = {"phrases": 0, "noise_phrases": 0, "words": 0, "noise_words": 0}
     kinds: dict[str, int] = {}
-    with open(out / "manifest.jsonl", "w", encoding="utf-8") as f:
+    manifest, conventional_manifest = out / "manifest.jsonl", out / CONVENTIONAL_MANIFEST
+    with open(manifest, "w", encoding="utf-8") as f, open(conventional_manifest, "w", encoding="utf-8") as g:
         for r in results:
             stats = r.pop("stats")
+            conventional = r.pop("conventional")
             r.pop("index")
             for k in totals:
                 totals[k] += stats[k]
             for k, v in stats["kinds"].items():
                 kinds[k] = kinds.get(k, 0) + v
             f.write(json.dumps(r) + "\n")
+            free = {k: r[k] for k in ("id", "source", "image1", "image2")}
+            g.write(
+                json.dumps({**free, "free_text": True, "description": conventional, "change_type": r["change_type"]})
+            )
+            g.write("\n")
     meta = {
         "pairs": n_pairs,
         "image_size": image_size,

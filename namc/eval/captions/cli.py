@@ -1,12 +1,18 @@
 """``namc eval PREDICTIONS.json REFERENCES.json [--types TYPES.json] [--compare OTHER.json] [--out RESULTS.json]
 [--no-spice]``.
 
-``namc eval choice CHOICES.jsonl --model DIR`` is the minimal-pair choice evaluation (:mod:`namc.eval.choice`).
+``namc eval choice CHOICES.jsonl --model DIR`` is the minimal-pair choice evaluation (:mod:`namc.eval.choice`);
+``namc eval lmm`` captions a benchmark split through a multimodal LLM server beside namc, and ``namc eval judge``
+scores captions change by change with an LLM judge (:mod:`namc.eval.lmm`).
 
 Scores a predictions file against a references file with :func:`~namc.eval.captions.evaluate_captions` and prints
 the table; the file formats are those of :mod:`namc.eval.captions.files`. ``--compare`` also counts the captions
 identical to another predictions file of the same pairs (a precision against fp32, a change against the run before
 it), e.g. the ``captions/test.json`` of two ``namc test`` runs.
+
+Every report also prints a judge-free diagnostic: the CIDEr-D of the constant caption "no change" and of the set's
+most frequent reference caption, predicted for every pair (:func:`~namc.eval.captions.metrics.trivial_baselines`),
+beside the model's. A model near them may be rewarded for saying little (CIDEr-D rewards "no change" on distractors).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from namc.eval.captions.files import load_predictions, load_references, load_types, write_results
-from namc.eval.captions.metrics import METRIC_KEYS, evaluate_captions, few_ids
+from namc.eval.captions.metrics import METRIC_KEYS, evaluate_captions, few_ids, trivial_baselines
 
 __all__ = ["main"]
 
@@ -54,6 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from namc.eval.choice import main as choice_main
 
         return choice_main(argv[1:])
+    if argv and argv[0] == "lmm":  # `namc eval lmm ...`: a multimodal LLM server beside namc (namc.eval.lmm)
+        from namc.eval.lmm.caption import main as lmm_main
+
+        return lmm_main(argv[1:])
+    if argv and argv[0] == "judge":  # `namc eval judge ...`: change-level precision and recall (namc.eval.lmm)
+        from namc.eval.lmm.judge import main as judge_main
+
+        return judge_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="namc eval",
         description="Caption metrics x100 (PTB tokenizer; BLEU-1..4, METEOR, ROUGE-L, CIDEr-D, SPICE).",
@@ -76,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.compare:  # checked before the (slow) metrics run
             compare = identical_captions(predictions, load_predictions(args.compare), args.compare)
         scores = evaluate_captions(predictions, references, change_types=change_types, spice=not args.no_spice)
+        scores = {**scores, "diagnostic": trivial_baselines(references, change_types)}
         if compare is not None:
             scores = {**scores, "compare": compare}
     except (ValueError, ModuleNotFoundError) as err:  # bad input, or pycocoevalcap (an optional extra) missing
@@ -88,6 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, n, metrics in rows:
         print(f"{name:<12} {n:>6}  " + "  ".join(_format(metrics[k]) for k in METRIC_KEYS))
     print(f"scores x100; tokenizer PTB; CIDEr-D = pycocoevalcap Cider ({scores['num_pairs']} pairs)")
+    for name, entry in scores["diagnostic"].items():
+        per_type = ", ".join(f"{t} {v:.2f}" for t, v in entry.get("per_type", {}).items())
+        what = "the constant" if name == "no_change" else "the most frequent reference"
+        print(
+            f"diagnostic: CIDEr-D of {what} {entry['caption']!r} for every pair: {entry['CIDEr-D']:.2f}"
+            + (f" ({per_type})" if per_type else "")
+            + f"; the model's: {scores['overall']['CIDEr-D']:.2f}"
+        )
     if args.compare:
         c = scores["compare"]
         print(f"identical to {c['file']}: {c['identical']} of {c['pairs']} captions ({100 * c['fraction']:.1f}%)")

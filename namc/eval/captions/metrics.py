@@ -23,10 +23,21 @@ from namc.eval.captions.tokenizer import java, ptb_tokenize, require_java, requi
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["METRIC_KEYS", "CaptionEvaluator", "evaluate_captions", "few_ids", "spice_status"]
+__all__ = [
+    "METRIC_KEYS",
+    "NO_CHANGE_CAPTION",
+    "CaptionEvaluator",
+    "evaluate_captions",
+    "few_ids",
+    "spice_status",
+    "trivial_baselines",
+]
 
 #: Keys of every metric dict, in the order the papers print them.
 METRIC_KEYS: tuple[str, ...] = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "SPICE")
+
+#: The constant caption of the judge-free diagnostic (:func:`trivial_baselines`): a captioner that names no change.
+NO_CHANGE_CAPTION = "no change"
 
 #: The jars ``spice-1.0.jar``'s manifest puts on its class path and ``get_stanford_models()`` would download.
 _SPICE_CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
@@ -341,3 +352,58 @@ def evaluate_captions(
     """
     with CaptionEvaluator(spice=spice) as evaluator:
         return evaluator.evaluate(predictions, references, change_types=change_types)
+
+
+def trivial_baselines(
+    references: Mapping[str, Sequence[str]], change_types: Mapping[str, str | Sequence[str]] | None = None
+) -> dict[str, Any]:
+    """CIDEr-D (x100) of two captions that look at no image, predicted for every pair: the constant
+    :data:`NO_CHANGE_CAPTION` and the most frequent reference caption of the set (ties broken alphabetically).
+
+    A judge-free diagnostic printed beside a model's CIDEr-D: on a set with no-change distractors these captions
+    score well on the distractors, so a model's score near theirs says it may name few real changes. Per change
+    type, CIDEr-D is recomputed on the type's subset, as :meth:`CaptionEvaluator.evaluate` does.
+
+    Args:
+        references: id -> reference captions (non-empty lists of non-empty strings).
+        change_types: optional id -> change type (or several), for per-type scores.
+
+    Returns:
+        ``{"no_change": {"caption", "CIDEr-D", "per_type"}, "most_frequent_reference": {...}}`` (``per_type`` only
+        with ``change_types``).
+
+    Raises:
+        ValueError: no references, or an empty reference list.
+        ModuleNotFoundError: pycocoevalcap (``pip install "namc[train]"``) is not installed.
+    """
+    from collections import Counter
+
+    _validate({k: "" for k in references}, references, change_types)
+    require_pycocoevalcap()
+    from pycocoevalcap.cider.cider import Cider
+
+    ids = list(references)
+    counts = Counter(" ".join(r.split()) for k in ids for r in references[k])
+    frequent = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    constants = {"no_change": NO_CHANGE_CAPTION, "most_frequent_reference": frequent}
+    tokens = ptb_tokenize(
+        {**{f"r:{k}": list(references[k]) for k in ids}, **{f"c:{n}": [c] for n, c in constants.items()}}
+    )
+    gts = {k: tokens[f"r:{k}"] for k in ids}
+    groups: dict[str, list[str]] = {}
+    for k in ids if change_types is not None else ():
+        types = change_types[k]
+        for change_type in types if isinstance(types, (tuple, list)) else (types,):
+            groups.setdefault(str(change_type), []).append(k)
+
+    def cider(caption: list[str], members: list[str]) -> float:
+        score, _ = Cider().compute_score({k: gts[k] for k in members}, {k: caption for k in members})
+        return 100.0 * float(score)
+
+    out: dict[str, Any] = {}
+    for name, caption in constants.items():
+        entry: dict[str, Any] = {"caption": caption, "CIDEr-D": cider(tokens[f"c:{name}"], ids)}
+        if change_types is not None:
+            entry["per_type"] = {t: cider(tokens[f"c:{name}"], m) for t, m in sorted(groups.items())}
+        out[name] = entry
+    return out
