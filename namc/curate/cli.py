@@ -28,6 +28,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("namc.curate.describe", "one change description per pair (appendix D.2 prompts), resumable"),
     "filter": ("namc.curate.filtering", "validate descriptions against the template: manifest, rejects, Table 14"),
     "audit": ("namc.curate.audit", "score every description word by NIM's irrelevance: JSONL, HTML, filtered manifest"),
+    "replace": ("namc.curate.edits.replace", "Img-Diff: an LLM swaps an object in a caption; both rendered as a pair"),
+    "regions": ("namc.curate.edits.regions", "Img-Diff's Difference Area Generator: the boxes where a pair differs"),
+    "region-captions": (
+        "namc.curate.edits.region_captions",
+        "Img-Diff: caption each box in both images, then the pair",
+    ),
+    "remove": ("namc.curate.edits.remove", "Img-Diff: inpaint an object away; pairs and red-box multiple choices"),
+    "edit": ("namc.curate.edits.med", "MED: filter, instruct one of 11 micro-edits, edit, check, caption, judge"),
+    "questions": ("namc.curate.edits.questions", "MED: four-option questions of the edited pairs (namc eval choice)"),
 }
 
 
