@@ -44,6 +44,10 @@ BACKENDS_SPEED = RESULTS / "epyc-avx2-backends"  # runN.json, benchmarks/bench_b
 BACKENDS_QUALITY = RESULTS / "epyc-avx2-backend-quality" / "demo_seed0.json"  # benchmarks/bench_backend_quality.py
 GPU_CAPTIONS = RESULTS / "h100-caption-agreement"
 STUDIES = RESULTS / "xeon-shapes-studies"  # {study}.json: a study's aggregated figures as printed, with its settings
+EPYC_STUDIES = RESULTS / "epyc-avx2-shapes-studies"  # likewise, the studies measured on the AMD EPYC machines
+LMM_SHAPES = RESULTS / "epyc-avx2-shapes-lmm" / "report.json"  # what `namc eval lmm` wrote on the demo's test split
+IMGDIFF_SHAPES = RESULTS / "epyc-avx2-imgdiff-shapes" / "run1.json"  # benchmarks/bench_imgdiff_shapes.py --out
+MED_SHAPES = RESULTS / "epyc-avx2-med-shapes" / "report.json"  # benchmarks/bench_med_shapes.py --out
 
 RUNS = (1, 2)
 CPU_BATCHES = (1, 32)
@@ -733,6 +737,180 @@ def measured_choices() -> str:
     return markdown(["choice (where)", "measured"], rows)
 
 
+def lmm_shapes() -> str:
+    """comparison.md: ``namc eval lmm``'s systems and judge-free diagnostic on the shapes world's test split."""
+    report = load(LMM_SHAPES)
+    header = ["system", "CIDEr-D", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D on distractors", "requests", "tokens in/out"]
+    rows = []
+    for system in report["systems"].values():
+        overall, distractors = system["scores"]["overall"], system["scores"]["per_type"]["no_change"]
+        tokens = f"{system['prompt_tokens']:,} / {system['completion_tokens']:,}" if "prompt_tokens" in system else ""
+        rows.append(
+            [system["label"]]
+            + [f"{overall[m]:.2f}" for m in ("CIDEr-D", "BLEU-4", "METEOR", "ROUGE-L")]
+            + [f"{distractors['CIDEr-D']:.2f}", f"{system.get('requests', '')}", tokens]
+        )
+    for name, entry in report["diagnostic"].items():
+        what = "constant" if name == "no_change" else "most frequent reference"
+        rows.append(
+            [
+                f"{what} {entry['caption']!r}",
+                f"{entry['CIDEr-D']:.2f}",
+                "",
+                "",
+                "",
+                f"{entry['per_type']['no_change']:.2f}",
+            ]
+            + ["", ""]
+        )
+    return markdown(header, rows)
+
+
+IMGDIFF_STEPS = {  # a step of bench_imgdiff_shapes.py's report -> (what its items are, what it keeps)
+    "replace": ("captions", lambda s: f"{s['kept']} pairs"),
+    "regions": ("pairs", lambda s: f"{s['kept']} pairs ({s['boxes']['kept']} boxes)"),
+    "region-captions": ("pairs", lambda s: f"{s['corpus']} corpus lines ({s['differences']} with a difference)"),
+    "remove": ("images", lambda s: f"{s['questions']} questions"),
+}
+TOOL_SECONDS = {"segment": "segmentation", "similarity": "similarity", "filters": "filters"}  # stage_seconds keys
+
+
+def _reasons(counts: dict[str, int]) -> str:
+    """``{"same": 614, "duplicate": 166}`` -> ``same 614, duplicate 166`` (largest first); empty: none."""
+    return ", ".join(f"`{k}` {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def imgdiff_shapes() -> str:
+    """edit-pairs.md: the Img-Diff steps on the shapes world (bench_imgdiff_shapes.py): items/s, where the time went,
+    the rejections of pairs and of boxes by reason, and ``regions``' boxes against the known changed boxes."""
+    report = load(IMGDIFF_SHAPES)
+    rows = []
+    for step, (unit, kept) in IMGDIFF_STEPS.items():
+        s = report["stages"][step]
+        times = []
+        for name in ("generator", "inpainter"):
+            if name in s:
+                backend = s[name]
+                times.append(f"{name} {backend['seconds']:.2f} ({backend['images_per_s']:.0f} images/s)")
+        times += [
+            f"{label} {s['stage_seconds'][k]:.2f}" for k, label in TOOL_SECONDS.items() if k in s["stage_seconds"]
+        ]
+        if "llm" in s:
+            times.append(f"LLM {s['llm']['seconds']:.2f} ({s['llm']['ok']} answers)")
+        boxes = dict(s["boxes"])
+        candidates, kept_boxes = boxes.pop("candidates", None), boxes.pop("kept", None)
+        box_cell = "" if kept_boxes is None else _reasons(boxes) + f"; {kept_boxes} kept"
+        if candidates is not None:
+            box_cell = f"{candidates} candidates: {box_cell}"
+        rows.append(
+            [
+                f"`{step}`",
+                f"{s['items']} {unit}",
+                kept(s),
+                f"{s['items_per_s']:.1f}",
+                ", ".join(times),
+                _reasons(s["rejected"]),
+                box_cell,
+            ]
+        )
+    header = [
+        "step",
+        "in",
+        "kept",
+        "items/s (wall, LLM included)",
+        "seconds inside: backend, tools, LLM",
+        "pairs rejected",
+        "boxes rejected",
+    ]
+    truth, settings = report["regions_vs_truth"], report["settings"]
+    lines = [
+        f"`regions` against the known boxes: {truth['boxes_found']} boxes found, {truth['boxes_right']} right (IoU >= "
+        f"0.5 with a changed object's box): precision {truth['precision']:.3f}; of the {truth['truth_boxes']} changed "
+        f"boxes of the kept pairs, {truth['recall']:.3f} found.",
+        f"{settings['captions']} shapes captions, {settings['image_size']} px images, seed {settings['seed']}, tools "
+        f"`{settings['tools']}`; {EPYC_AVX2}.",
+    ]
+    if "pretrain" in report:
+        fit = report["pretrain"]
+        finite = "finite" if math.isfinite(fit["train_loss"]) else "not finite"
+        lines.append(
+            f"namc_tiny pre-trained on the {report['corpus_pairs']}-pair corpus: {fit['steps']} steps in "
+            f"{fit['seconds']:.1f} s, loss {finite}."
+        )
+    return markdown(header, rows) + "\n\n" + textwrap.fill(" ".join(lines), 120, break_on_hyphens=False)
+
+
+MED_STAGES = {  # a stage of bench_med_shapes.py's report -> its prompt or what it checks
+    ("edit", "filter"): "Figure 7",
+    ("edit", "instruction"): "Figure 8",
+    ("edit", "edit"): "the editor, then the pair similarity",
+    ("edit", "similarity"): "section 3.1",
+    ("edit", "caption1"): "Figure 9",
+    ("edit", "caption2"): "Figure 10",
+    ("edit", "difference"): "Figure 11",
+    ("edit", "judge"): "Figure 12",
+    ("edit", "judge2"): "Figure 13",
+    ("edit", "template"): "namc's template check",
+    ("questions", "similarity"): "section 3.3",
+    ("questions", "balance"): "per category",
+    ("questions", "answer"): "Figure 16",
+    ("questions", "distractors"): "Figure 17",
+}
+
+
+def med_shapes() -> str:
+    """edit-pairs.md: MED's stages on the shapes world (bench_med_shapes.py): in, kept, rejected by reason and items/s
+    per stage of ``namc curate edit`` and ``namc curate questions``, with the runs' totals."""
+    report = load(MED_SHAPES)
+    rows = []
+    for (command, stage), label in MED_STAGES.items():
+        s = report[command]["stages"][stage]
+        rate = "" if s["items_per_s"] is None else f"{s['items_per_s']:.1f}"
+        if "editor_images_per_s" in s:
+            editor, similarity = s["editor_images_per_s"], s["similarity_pairs_per_s"]
+            rate += f" (editor {editor:.0f} images/s, similarity {similarity:.0f} pairs/s)"
+        rows.append(
+            [f"`{command}`", f"`{stage}` ({label})", str(s["in"]), str(s["kept"]), _reasons(s["rejected"]), rate]
+        )
+    header = ["command", "stage", "in", "kept", "rejected", "items/s"]
+    edit, questions, settings = report["edit"], report["questions"], report["settings"]
+    lines = [
+        f"`edit`: {edit['pairs']} pairs from {settings['images']} images in {edit['wall_seconds']:.1f} s of wall time "
+        f"({edit['pairs_per_s']:.1f} pairs/s, every stage included); `questions`: {questions['questions']} questions "
+        f"in {questions['wall_seconds']:.1f} s.",
+        f"Pair similarity `{settings['similarity']}`, questions at similarity >= "
+        f"{settings['question_min_similarity']}, concurrency {settings['concurrency']}, server latency "
+        f"{settings['latency_s']:g} s; {EPYC_AVX2}.",
+    ]
+    if "fit" in report:
+        fit = report["fit"]
+        finite = "finite" if math.isfinite(fit["last_loss"]) else "not finite"
+        lines.append(
+            f"namc_tiny pre-trained on the manifest: {fit['steps']} steps in {fit['seconds']:.1f} s, loss {finite}."
+        )
+    if "choice" in report:
+        overall = report["choice"]["overall"]
+        lines.append(
+            f"That model on the {overall['n']} questions (`namc eval choice --format med`): {overall['accuracy']:.1f}% "
+            f"(chance {overall['chance']:.0f}%)."
+        )
+    return markdown(header, rows) + "\n\n" + textwrap.fill(" ".join(lines), 120, break_on_hyphens=False)
+
+
+def med_shapes_categories() -> str:
+    """edit-pairs.md: MED's 11 categories on the shapes world, one column each: the instructions written, the pairs
+    kept, the questions."""
+    report = load(MED_SHAPES)
+    counts = {
+        "instructions (Figure 8)": report["edit"]["instructed_categories"],
+        "kept pairs": report["edit"]["categories"],
+        "questions": report["questions"]["categories"],
+    }
+    names = list(report["edit"]["categories"])
+    rows = [[what, *(str(c.get(name, 0)) for name in names), str(sum(c.values()))] for what, c in counts.items()]
+    return markdown(["", *names, "all"], rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "models": models,
     "speed": speed,
@@ -756,20 +934,34 @@ TABLES: dict[str, Callable[[], str]] = {
     "study-table10": lambda: study_summaries(study("table10")),
     "study-table10-shifts": lambda: study_shifts(study("table10")),
     "study-figure3": lambda: study_masking(study("figure3")),
+    "study-table11": lambda: study_summaries(load(EPYC_STUDIES / "table11.json")),
+    "study-table11-paired": lambda: study_paired(load(EPYC_STUDIES / "table11.json")),
+    "study-table12": lambda: study_summaries(load(EPYC_STUDIES / "table12.json")),
+    "study-table12-paired": lambda: study_paired(load(EPYC_STUDIES / "table12.json")),
     "study-preference-one-model-choice": lambda: preference("one_model", "minimal_pairs"),
     "study-preference-one-model-cider": lambda: preference("one_model", "CIDEr-D"),
     "study-preference-demo-seeds-choice": lambda: preference("demo_seeds", "minimal_pairs"),
     "study-preference-demo-seeds-cider": lambda: preference("demo_seeds", "CIDEr-D"),
+    "lmm-shapes": lmm_shapes,
+    "imgdiff-shapes": imgdiff_shapes,
+    "med-shapes": med_shapes,
+    "med-shapes-categories": med_shapes_categories,
 }
 FILES = {  # which tables each file holds
     "README.md": ("models", "demo", "speed"),
     "docs/architecture.md": ("preset-parts",),
+    "docs/comparison.md": ("lmm-shapes",),
+    "docs/edit-pairs.md": ("imgdiff-shapes", "med-shapes", "med-shapes-categories"),
     "docs/experiments.md": (
         "study-table6",
         "study-table6-paired",
         "study-table10",
         "study-table10-shifts",
         "study-figure3",
+        "study-table11",
+        "study-table11-paired",
+        "study-table12",
+        "study-table12-paired",
         "study-preference-one-model-choice",
         "study-preference-one-model-cider",
         "study-preference-demo-seeds-choice",

@@ -28,12 +28,14 @@ RANKS = {
     "jsonl": 0,  # the bounded JSON reader and the JSONL writer: imports nothing of namc
     "locks": 0.5,  # one owner per output folder: imports only namc.jsonl
     "paths": 0,  # file references kept inside their folder: imports nothing of namc
+    "yamltext": 0,  # the bounded YAML reader: imports nothing of namc
     "text": 1,
     "models": 2,  # the architecture in eager PyTorch: imports no runtime (namc.backends)
     "backends": 2.5,  # what makes a trained model fast (fused steps, oneDNN, int8, CUDA graphs)
     "objectives": 3,
     "data": 3,
     "deploy": 2.4,  # ONNX export and the runtimes' captioners over a trained model (namc.compile's onnx backends)
+    "llm": 3.5,  # the OpenAI-compatible client, store and runner: curation, `namc eval lmm` and the judge share it
     "eval": 4,
     "curate": 4.5,
     "lit": 5,
@@ -47,11 +49,14 @@ OPTIONAL = (
     "matplotlib",
     "skimage",
 )  # extras: imported inside the functions that need them
-# the [curate] extra: imported at module level only inside namc.curate, elsewhere inside the functions that need them
+# the [curate] extra: imported at module level only inside namc.curate and namc.llm, elsewhere inside the functions
+# that need them
 CURATE = ("faiss", "sklearn", "webdataset", "pyarrow", "openai")
 # the [deploy] extra: imported inside the functions that need them, so that namc.inference imports without it (not
 # blocked in the core-install run below: torch itself looks for onnx)
 DEPLOY = ("onnx", "onnxruntime", "openvino")
+# the [edits] extra: imported inside the functions that need them, so that namc[curate] works without it
+EDITS = ("diffusers", "transformers", "accelerate")
 
 
 def _module_name(path: Path) -> str:
@@ -90,18 +95,13 @@ def _namc_modules() -> set[str]:
     return {_module_name(f) for f in FILES}
 
 
-# The one import from the model core up into a runtime, inside the functions that run it: NAMC.generate's
-# ``precision=`` and the int8 calibration file that save_pretrained / from_pretrained carry.
-CORE_TO_RUNTIME = {("namc.models.namc", "namc.backends.precision")}
-
-
 def test_imports_point_down_the_layers() -> None:
     known = _namc_modules()
     upward = []
     for path in FILES:
         me = _module_name(path)
-        for target, line, at_top in _imports(path):
-            if target not in known or target == "namc" or (not at_top and (me, target) in CORE_TO_RUNTIME):
+        for target, line, _ in _imports(path):
+            if target not in known or target == "namc":
                 continue
             same_package = target.split(".")[:2] == me.split(".")[:2]
             if not same_package and _rank(target) >= _rank(me) and _rank(me) != TOP:
@@ -121,11 +121,11 @@ def test_the_training_stack_is_imported_only_in_namc_lit() -> None:
                 offending.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
             if root in OPTIONAL and at_top and not inside_lit:
                 offending.append(f"{path.relative_to(ROOT)}:{line} imports {target} at module level")
-            if root in DEPLOY and at_top:
+            if root in (*DEPLOY, *EDITS) and at_top:
                 offending.append(f"{path.relative_to(ROOT)}:{line} imports {target} at module level")
-            if root in CURATE and at_top and not _module_name(path).startswith("namc.curate"):
+            if root in CURATE and at_top and not _module_name(path).startswith(("namc.curate", "namc.llm")):
                 offending.append(
-                    f"{path.relative_to(ROOT)}:{line} imports {target} at module level outside namc.curate"
+                    f"{path.relative_to(ROOT)}:{line} imports {target} at module level outside namc.curate / namc.llm"
                 )
     assert not offending, "\n".join(offending)
 
