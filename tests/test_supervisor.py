@@ -102,7 +102,11 @@ def _finish(proc: subprocess.Popen, token: str, timeout: float = 30) -> tuple[st
     return out, time.monotonic() - start, left
 
 
-@pytest.mark.parametrize("how", ["exec", "fork"])
+# the fork start method runs the same supervision code as exec: the full tier checks it, the fast tier checks exec
+FORK_IN_THE_FULL_TIER = pytest.param("fork", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("how", ["exec", FORK_IN_THE_FULL_TIER])
 @pytest.mark.parametrize(("end", "code"), [("sigkill", -signal.SIGKILL), ("3", 3), ("0", 0)])
 def test_a_job_whose_main_process_ends_leaves_nothing_behind(tmp_path: Path, end: str, code: int, how: str) -> None:
     proc, token = _supervised(tmp_path, end, how)
@@ -115,7 +119,7 @@ def test_a_job_whose_main_process_ends_leaves_nothing_behind(tmp_path: Path, end
     assert "leftover process(es) of the job" in out  # both the stubborn process and the orphan had to be ended
 
 
-@pytest.mark.parametrize("how", ["exec", "fork"])
+@pytest.mark.parametrize("how", ["exec", FORK_IN_THE_FULL_TIER])
 def test_a_signal_to_the_supervisor_reaches_the_job(tmp_path: Path, how: str) -> None:
     proc, token = _supervised(tmp_path, "wait", how)
     assert proc.stdout is not None
