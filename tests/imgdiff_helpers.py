@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from namc.data.synthetic.scene import COLORS
+
 #: a tiny ViT-B/32-shaped open_clip config; the vocabulary is the real tokenizer's, so its ids fit
 TINY_CLIP: dict[str, Any] = {
     "embed_dim": 16,
@@ -148,16 +150,6 @@ def add_snapshot(cache: Path, repo_id: str, folder: Path, commit: str = "c" * 40
 # A shapes-world multimodal LLM: answers Img-Diff's prompts from the images and texts it is sent
 # ---------------------------------------------------------------------------------------------------------------
 
-_COLORS = {
-    "gray": (87, 87, 87),
-    "red": (173, 35, 35),
-    "blue": (42, 75, 215),
-    "green": (29, 105, 20),
-    "brown": (129, 74, 25),
-    "purple": (129, 38, 192),
-    "cyan": (41, 208, 208),
-    "yellow": (255, 238, 51),
-}
 _NAME = re.compile(r"(small|large) (\w+) (rubber|metal) (cube|sphere|cylinder)")
 
 
@@ -169,7 +161,7 @@ def _colour_word(image: Image.Image) -> str | None:
         grey = rgb[np.abs(rgb - rgb.mean(axis=1, keepdims=True)).max(axis=1) < 6]
         return "gray" if len(grey) and (grey.mean() < 110) else None
     top = rgb[sat >= np.quantile(sat, 0.7)].mean(axis=0)
-    return min(_COLORS, key=lambda c: float(np.square(np.array(_COLORS[c]) - top).sum()))
+    return min(COLORS, key=lambda c: float(np.square(np.array(COLORS[c]) - top).sum()))
 
 
 def shapes_answer(text: str, images: list[bytes]) -> str:

@@ -49,6 +49,7 @@ from namc.llm import (
     RunSummary,
     add_client_arguments,
     client_config,
+    configure_logging,
     data_url,
     image_message,
     run_jobs,
@@ -233,9 +234,7 @@ def summary_path(out: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):  # one INFO line per request otherwise
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     args = parse_with_config(build_parser(), argv, "describe")
     pairs, out = _paths(args)
     config = client_config(args)

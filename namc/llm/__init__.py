@@ -11,6 +11,7 @@ and a job runner: ``namc curate caption | describe``, the edit-pair engines' MLL
 from __future__ import annotations
 
 import argparse
+import logging
 
 from namc.llm.client import ClientConfig, Completion, LLMClient, RequestFailed
 from namc.llm.images import BadInput, data_url, image_message
@@ -27,6 +28,7 @@ __all__ = [
     "ResultStore",
     "RunSummary",
     "add_client_arguments",
+    "configure_logging",
     "client_config",
     "data_url",
     "image_message",
@@ -89,3 +91,10 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
         temperature=args.temperature,
         seed=args.seed,
     )
+
+
+def configure_logging() -> None:
+    """INFO lines on stderr for a command that talks to a server, without httpx's one line per request."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)

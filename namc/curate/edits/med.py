@@ -85,7 +85,7 @@ from namc.curate.edits.med_stages import (
 )
 from namc.data.refs import rebase_ref
 from namc.jsonl import json_line
-from namc.llm import add_client_arguments, client_config
+from namc.llm import add_client_arguments, client_config, configure_logging
 from namc.llm.store import atomic_write_text
 from namc.locks import LockedError, output_lock
 from namc.text.template import VERBS, parse, rebuild, validate
@@ -404,9 +404,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[P
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     parser = build_parser()
     args = parse_with_config(parser, argv, "edit")
     images, out = _check(args, parser)

@@ -51,7 +51,7 @@ from namc.curate.edits.med_prompts import (
 from namc.curate.edits.med_stages import InputItems, Outcome, Stage, StageBook, StageRun, funnel, run_llm_stage, trace
 from namc.data.refs import parse_ref, read_ref, rebase_ref, ref_ext
 from namc.jsonl import json_line
-from namc.llm import add_client_arguments, client_config
+from namc.llm import add_client_arguments, client_config, configure_logging
 from namc.llm.store import atomic_write_text
 from namc.locks import LockedError, output_lock
 
@@ -244,9 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     parser = build_parser()
     args = parse_with_config(parser, argv, "questions")
     pairs = args.pairs or (args.workdir / "med" / "pairs.jsonl" if args.workdir else None)

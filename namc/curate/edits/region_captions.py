@@ -48,6 +48,7 @@ from namc.llm import (
     RunSummary,
     add_client_arguments,
     client_config,
+    configure_logging,
     image_message,
     run_jobs,
 )
@@ -349,9 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from namc.curate.edits.tools import build_matcher, build_similarity, check_tools
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     args = parse_with_config(build_parser(), argv, "region-captions")
     regions = args.regions or (args.workdir / "regions.jsonl" if args.workdir else None)
     if regions is None or not regions.is_file():

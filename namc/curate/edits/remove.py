@@ -64,6 +64,7 @@ from namc.llm import (
     RunSummary,
     add_client_arguments,
     client_config,
+    configure_logging,
     image_message,
     run_jobs,
 )
@@ -389,9 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from namc.curate.edits.backends import build
     from namc.curate.edits.tools import build_matcher, build_segmenter, build_similarity, check_tools
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     args = parse_with_config(build_parser(), argv, "remove")
     pairs = args.pairs or (args.workdir / "pairs.jsonl" if args.workdir else None)
     if pairs is None or not pairs.is_file():

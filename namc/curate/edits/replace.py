@@ -35,7 +35,7 @@ from namc.curate.edits.base import BackendError, GenerationFailed, PairGenerator
 from namc.curate.edits.imgdiff_common import StepCounts, file_stem, item_seed, mapping, write_summary
 from namc.curate.edits.prompts_imgdiff import REPLACE_PROMPT, AnswerError, parse_replacement
 from namc.jsonl import loads
-from namc.llm import Job, ResultStore, RunSummary, add_client_arguments, client_config, run_jobs
+from namc.llm import Job, ResultStore, RunSummary, add_client_arguments, client_config, configure_logging, run_jobs
 from namc.llm.runner import read_jsonl_objects
 from namc.llm.store import iter_results
 from namc.locks import LockedError, output_lock
@@ -195,9 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     args = parse_with_config(build_parser(), argv, "replace")
     if args.captions is None or not args.captions.is_file():
         print(f"namc curate replace: error: captions file not found: {args.captions}", file=sys.stderr)

@@ -274,11 +274,10 @@ def _caption(args: argparse.Namespace, pairs: list[EvalPair], skipped: Counter[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``namc eval lmm``; returns 0, or 2 with a one-line error on bad input or a folder held by another run."""
+    from namc.llm import configure_logging
     from namc.locks import LockedError, output_lock
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):  # one INFO line per request otherwise
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     args = build_parser().parse_args(argv)
     try:
         prompt = load_prompt(args.prompt, args.prompt_file)

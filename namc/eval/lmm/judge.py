@@ -255,13 +255,11 @@ def format_judge(report: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``namc eval judge``; returns 0, or 2 with a one-line error on bad input or a folder held by another run."""
-    from namc.llm import client_config
+    from namc.llm import client_config, configure_logging
     from namc.llm.store import atomic_write_text
     from namc.locks import LockedError, output_lock
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("httpx", "httpx2"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    configure_logging()
     args = build_parser().parse_args(argv)
     try:
         if args.temperature != 0:
