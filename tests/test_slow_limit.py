@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import over_the_limit
+from conftest import over_the_limit, run_delay_s
 
 pytest_plugins = ["pytester"]
 
@@ -56,6 +60,36 @@ def test_the_limit_counts_setup_and_call_and_spares_slow_tests() -> None:
     message = over_the_limit(3.0, 2.5, 5.0, marked_slow=False)
     assert message is not None and "\n" not in message
     assert message.startswith("took 5.5 s (setup 3.0 s + call 2.5 s), over the fast tier's 5 s: mark it `slow`")
+
+
+def test_time_spent_waiting_for_a_cpu_held_by_other_work_is_not_charged() -> None:
+    assert over_the_limit(3.0, 15.0, 5.0, marked_slow=False, waited_s=14.0) is None  # 4 s of its own
+    message = over_the_limit(3.0, 15.0, 5.0, marked_slow=False, waited_s=10.0)  # 8 s of its own
+    assert message is not None
+    assert message.startswith("took 18.0 s (setup 3.0 s + call 15.0 s; 10.0 s of it waiting for a CPU), over")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="the kernel keeps no schedstat")
+def test_the_run_delay_grows_when_another_process_shares_the_cpu() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    spin = (
+        f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nprint(flush=True)\n"
+        "end = time.time() + 5\nwhile time.time() < end: pass"
+    )
+    spinner = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+    before_affinity = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+        spinner.stdout.readline()  # it spins on that CPU from now on
+        start, waited = time.perf_counter(), run_delay_s()
+        while time.perf_counter() - start < 0.6:
+            pass
+        waited = run_delay_s() - waited
+    finally:
+        os.sched_setaffinity(0, before_affinity)
+        spinner.kill()
+        spinner.wait()
+    assert 0.1 < waited < 0.6  # about half of the 0.6 s went to the spinner
 
 
 def test_an_unmarked_slow_test_fails_with_a_one_line_reason(pytester: pytest.Pytester) -> None:
