@@ -7,14 +7,9 @@ so greedy decoding ends each row at a different step (checked in ``test_rows_fin
 
 from __future__ import annotations
 
-import copy
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch._inductor.codecache import PyCodeCache
 
 import namc
 from namc.backends import onednn, step
@@ -338,47 +333,3 @@ def test_generate_rejects_more_tokens_than_positions():
         fdg.generate(memory, 8)
     with pytest.raises(ValueError, match="positions"):
         generate_uncached(fdg, memory, 8)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("freeze", [True, False])
-def test_compiled_step_equals_eager(one_thread, freeze):
-    """torch.compile of the decoding step, its weights frozen into the compiled code or passed as inputs, before and
-    after a weight changes in place (a frozen step is compiled again, and the first version's frozen weights are
-    freed). A C++ compiler is needed on CPU; each compilation takes 5-15 s."""
-    torch.manual_seed(6)
-    fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
-    memory = torch.randn(3, 9, 32)
-    eager = fdg.generate(memory, 6)
-    new_weight = torch.randn(fdg.blocks[0].ffn[3].weight.shape, generator=torch.Generator().manual_seed(1))
-    changed = copy.deepcopy(fdg)
-    with torch.no_grad():
-        changed.blocks[0].ffn[3].weight.copy_(new_weight)
-    eager_changed = changed.generate(memory, 6)
-    assert not torch.equal(eager_changed, eager)
-    fdg.compile_step(freeze=freeze)
-    try:
-        assert torch.equal(fdg.generate(memory, 6), eager)
-        # a frozen graph's constants (FDG's parameters, and copies of the matrices laid out) live in inductor's
-        # module, which inductor keeps for the rest of the process unless the step lets it go when they change
-        modules = fdg.__dict__["_compiled_step"]._modules
-        copies = [
-            v
-            for m in modules
-            for v in vars(m).values()
-            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)
-        ]
-        assert bool(copies) == freeze
-        del copies
-        names = {m.__name__ for m in modules}
-        assert names <= {m.__name__ for m in PyCodeCache.modules} and names <= set(sys.modules)
-        with torch.no_grad():
-            fdg.blocks[0].ffn[3].weight.copy_(new_weight)
-        assert torch.equal(fdg.generate(memory, 6), eager_changed)
-        # the step let the first version's modules go: out of inductor's module cache and of sys.modules, the two
-        # places that would keep them for the rest of the process
-        assert not names & {m.__name__ for m in PyCodeCache.modules} and not names & set(sys.modules)
-        # (their constants then go with the first graph, once torch drops it: in one full-tier run torch still held
-        # it at this point, so the test checks what the step itself controls)
-    finally:
-        fdg.uncompile_step()

@@ -40,7 +40,6 @@ from namc.backends.step import fuse_decoder
 from namc.data.collate import pad_sequences
 from namc.describe_cli import main as describe_main
 from namc.models.calibration import GridCalibration
-from namc.models.fdg import FDGConfig
 from namc.models.grid import GridEncoder
 
 PAIRS = 16
@@ -259,14 +258,9 @@ def test_bf16_copy_prepacks_every_step_matrix(trained):
         del twin.fdg._packed_step
         try:
             plain = twin.fdg.generate(memory, 8)
-            twin.fdg._packed_step = packed
-            twin.fdg._compiled_step = twin.fdg._fused_step  # stands in for torch.compile's wrapper of the step
-            _, _, fused = twin.fdg._start(memory, 8)
         finally:
             twin.fdg._packed_step = packed
-            twin.fdg.uncompile_step()
     assert torch.equal(with_packed, plain)
-    assert not fused[0].vocab[0].is_mkldnn and fused[0].vocab[0].dtype == torch.bfloat16
 
 
 BF16_RULES = (onednn.BF16_MIN_WEIGHT, precision_module.MIR_BF16_MIN_WEIGHT)  # as shipped, before the fixture
@@ -478,24 +472,6 @@ def test_dense_leaves_the_private_onednn_op_out_of_compiled_graphs(monkeypatch):
 
     monkeypatch.setattr(onednn, "linear_available", refuse)
     torch.testing.assert_close(onednn.dense(x, w), F.linear(x, w))
-
-
-@pytest.mark.slow
-def test_compiled_step_runs_at_batch_1_and_8(one_thread, monkeypatch):
-    """torch.compile of the decoding step with the oneDNN path enabled for every matrix (as namc_base's large
-    ones are): batch 1 and batch 8 (where the private op inside a compiled graph would crash it) equal eager decoding.
-    Compiling takes about a minute on 2 cores; the fast test above covers the guard."""
-    monkeypatch.setattr(onednn, "MIN_WEIGHT", 0)
-    torch.manual_seed(6)
-    fdg = FDG(FDGConfig(vocab_size=40, dim=32, heads=4, layers=2, max_len=32, eos_id=-1, dropout=0.0)).eval()
-    memories = [torch.randn(1, 9, 32), torch.randn(8, 9, 32)]
-    eager = [fdg.generate(m, 6) for m in memories]
-    fdg.compile_step()
-    try:
-        for memory, expected in zip(memories, eager):
-            assert torch.equal(fdg.generate(memory, 6), expected)
-    finally:
-        fdg.uncompile_step()
 
 
 def _png(path, seed: int) -> str:

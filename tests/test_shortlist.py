@@ -1,6 +1,6 @@
 """Decoding restricted to a shortlist of tokens (namc.models.shortlist): the greedy pick over the list's logits,
 mapped back to the full vocabulary, on every path that decodes (eager fused step, the module step, beam search, an
-int8 or bf16 copy, the static decoder, a compiled step), and the prepared vocabulary rows kept only while valid."""
+int8 or bf16 copy, the static decoder), and the prepared vocabulary rows kept only while valid."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import torch
 
 import namc
 from namc.backends import onednn
-from namc.backends.compiled_step import CompiledStep
 from namc.backends.static_decode import StaticDecoder
 from namc.backends.step import FusedFDG as FDG
 from namc.backends.step import first_max_index, shortlist_head
@@ -132,35 +131,6 @@ def test_static_decoder_takes_the_list():
     short = _shortlist()
     decode = StaticDecoder(fdg, 12, vocabulary=short)
     torch.testing.assert_close(decode(memory), fdg.generate(memory, 12, vocabulary=short), rtol=0, atol=0)
-
-
-def test_compiled_step_compiles_again_for_another_list():
-    """The compiled step holds the vocabulary rows: another list is another compilation (``torch.compile`` compiles
-    at the first call, so this costs nothing; the slow test below runs the compiled generations)."""
-    fdg = _fdg()
-    step = CompiledStep(fdg)
-    short, other = _shortlist(), _shortlist(seed=1)
-    step.for_generation(fdg.shortlisted(fdg.step_weights(), short))
-    first = step._compiled
-    step.for_generation(fdg.shortlisted(fdg.step_weights(), short))
-    assert step._compiled is first  # the same list: its rows are kept, the same compiled code
-    step.for_generation(fdg.shortlisted(fdg.step_weights(), other))
-    assert step._compiled is not first
-    second = step._compiled
-    step.for_generation(fdg.step_weights())
-    assert step._compiled is not second
-
-
-@pytest.mark.slow
-def test_compiled_generation_over_a_list():
-    fdg, memory = _fdg(eos_id=-1), _memory(2)
-    short = Shortlist(_shortlist().ids, V, -1)
-    eager = fdg.generate(memory, 6, vocabulary=short)
-    fdg.compile_step()
-    try:
-        torch.testing.assert_close(fdg.generate(memory, 6, vocabulary=short), eager, rtol=0, atol=0)
-    finally:
-        fdg.uncompile_step()
 
 
 def test_prepared_rows_are_kept_until_the_matrix_changes():

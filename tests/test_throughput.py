@@ -47,7 +47,7 @@ def report(tmp_path_factory) -> dict:
 
 @pytest.mark.slow  # the module's report runs the benchmark with the full-size peer
 def test_report_matches_schema(report):
-    assert report["schema_version"] == tp.SCHEMA_VERSION == 12
+    assert report["schema_version"] == tp.SCHEMA_VERSION == 13
     assert tp.validate_report(report) == []
     assert report["machine"]["allocator"]["reuse_freed_memory"] is False  # the default leaves malloc alone
 
@@ -308,7 +308,6 @@ def test_summarize():
         ({"precision": "fp8"}, "precision"),
         ({"precision": "bf16", "device": "cuda"}, "CPU runs"),
         ({"threads": 0}, "threads"),
-        ({"compile": True, "static_decode": True}, "pick one"),
     ],
 )
 def test_settings_reject_bad_values(kwargs, match):
@@ -615,8 +614,8 @@ def test_shortlist_of_the_model(tmp_path, capsys):
 
 
 def test_bad_model_or_settings_is_one_line(tmp_path, capsys, monkeypatch):
-    """What cannot run (no such model, a damaged folder, settings that contradict, an int8 step to compile, int8
-    kernels that do not exist) exits 2 with one line."""
+    """What cannot run (no such model, a damaged folder, settings that contradict, int8 kernels that do not
+    exist) exits 2 with one line."""
     model = namc.create_model("namc_tiny", pretraining=False)
     model.save_pretrained(tmp_path / "tiny")
     weights = tmp_path / "tiny" / "model.safetensors"
@@ -628,7 +627,6 @@ def test_bad_model_or_settings_is_one_line(tmp_path, capsys, monkeypatch):
         (["--reference-precision", "bf16"], "with reference clip4idc"),  # the default reference has no peer
         (["--reference", "clip4idc", "--reference-precision", "int8", "--device", "cuda"], "CPU runs"),
         (["--batch-sizes", "0"], "positive"),
-        (["--model", "namc_tiny", "--precision", "int8", "--compile"], "--compile: an int8 copy's decoding step"),
     ):
         assert tp.main([*argv, *QUICK]) == 2
         err = capsys.readouterr().err

@@ -4,7 +4,6 @@ a caption, at a chosen precision.
 - :mod:`namc.backends.precision`: inference copies of a model on a CPU in fp32, bf16 or int8 (BatchNorm folded,
   oneDNN's fused convolutions, dynamic and static int8, the fused decoding step of :mod:`namc.backends.step`).
 - :mod:`namc.backends.static_decode`: fixed-shape greedy decoding with CUDA graphs.
-- :mod:`namc.backends.compiled_step`: the decoding step under ``torch.compile``.
 - :mod:`namc.deploy`: ONNX export and the ONNX Runtime / OpenVINO captioners.
 
 ``namc.compile(model, backend=..., precision=...)`` (:mod:`namc.backends.compile`) is the one entry point: it

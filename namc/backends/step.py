@@ -8,7 +8,7 @@ as they are:
   self-attention query, key and value, the hidden states stay (b, D) instead of (b, 1, D), the cross-attention
   keys/values are made contiguous once, and the large skinny products run through oneDNN
   (:func:`~namc.backends.onednn.dense`); :meth:`FusedFDG.pack_step` keeps an int8 or bf16 copy's matrices prepared
-  once, :meth:`FusedFDG.compile_step` runs the step under ``torch.compile`` (:mod:`namc.backends.compiled_step`);
+  once;
 - :class:`ThreadedLayerNorm` and :class:`InplaceGELU`, the blocks' LayerNorm and GELU on one thread where their input
   is small (:mod:`namc.backends.threads`), the GELU in place;
 - :func:`first_max_index`, the greedy pick's blocked argmax.
@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from namc.backends import onednn, threads
-from namc.backends.compiled_step import CompiledStep
 from namc.backends.qlinear import int8_linear, int8_worthwhile
 from namc.backends.versions import fingerprint
 from namc.models.fdg import FDG
@@ -93,7 +92,7 @@ def attend_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
     kernel takes its second thread (figures in docs/performance.md).
 
     fp32 keeps the fused kernel at every size (bit for bit the module path's attention), and so does a step being
-    compiled (:mod:`namc.backends.compiled_step`). So does bf16 on a CPU with AMX
+    traced by ``torch.compile``. So does bf16 on a CPU with AMX
     (:func:`~namc.backends.onednn.amx_bf16`), where the fused kernel runs its products on the tiles and is the faster
     one."""
     if (
@@ -229,10 +228,9 @@ class FusedFDG(FDG):
         caches, cross_kv, fused = self._start(memory, max_new_tokens, shortlist)
         if fused is None:  # training: the modules, as FDG
             return super().decoding(memory, max_new_tokens, shortlist)
-        step = self._step_fn(fused)
 
         def fused_step(tokens, position, caches, cross_kv, memory_mask):
-            return step(tokens, position, caches, cross_kv, memory_mask, fused)
+            return self._fused_step(tokens, position, caches, cross_kv, memory_mask, fused)
 
         return caches, cross_kv, fused_step
 
@@ -285,15 +283,11 @@ class FusedFDG(FDG):
         if max_new_tokens + 1 > self.max_len:
             raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
         B, _, D = memory.shape
-        compiled = "_compiled_step" in self.__dict__  # a compiled graph lays its weights out itself
-        fused = None if self.training else self.step_weights(1 if compiled else B)
+        fused = None if self.training else self.step_weights(B)
         dtype = cache_dtype(memory, fused)
         caches = [
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, dtype) for _ in self.blocks
         ]
-        if fused is not None and compiled and onednn.is_packed(fused[0].vocab[0]):
-            # a compiled graph cannot take oneDNN's opaque tensors: compile over the plain weights
-            fused = [StepWeights.of(block, self._vocab()) for block in self.blocks]
         if fused is not None and shortlist is not None:
             fused = self.shortlisted(fused, shortlist)
         return caches, self.cross_kv(memory), fused
@@ -361,20 +355,6 @@ class FusedFDG(FDG):
                 self._cross_kv_dtype = torch.bfloat16
         self._packed_step = packed
 
-    def compile_step(self, freeze: bool = True, **options) -> None:
-        """``torch.compile(**options)`` of the eval-mode greedy step (``dynamic=True`` by default) of fp32 or bf16
-        weights (an int8 copy's raises ``ValueError``); ``freeze``: the weights as constants of the compiled code,
-        compiled again after they change (:mod:`namc.backends.compiled_step`). Generations that compile are slow."""
-        self._compiled_step = CompiledStep(self, freeze, options)
-
-    def uncompile_step(self) -> None:
-        """Undo :meth:`compile_step`: the eval step runs eagerly again."""
-        self.__dict__.pop("_compiled_step", None)
-
-    def _step_fn(self, fused: list[StepWeights]) -> Callable[..., torch.Tensor]:
-        compiled = self.__dict__.get("_compiled_step")
-        return self._fused_step if compiled is None else compiled.for_generation(fused)
-
 
 def fuse_decoder(fdg: FDG) -> FusedFDG:
     """Make ``fdg`` (an inference copy's decoder, not a model you train) a :class:`FusedFDG`, its LayerNorms
@@ -396,7 +376,7 @@ def fused_view(fdg: FDG) -> FusedFDG:
         return fdg
     view = FusedFDG.__new__(FusedFDG)
     view.__dict__.update(fdg.__dict__)  # the same _parameters / _modules dicts: a second handle on one decoder
-    for name in ("_packed_fp32", "_packed_step", "_compiled_step", "_cross_kv_dtype"):
+    for name in ("_packed_fp32", "_packed_step", "_cross_kv_dtype"):
         view.__dict__.pop(name, None)
     return view
 
@@ -458,7 +438,7 @@ def _blocked_first_max(x: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------- fp32 step matrices reordered once
 # oneDNN computes from a plain fp32 weight as it lies in memory; reordered once into its blocked layout
-# (``torch.ops.mkldnn._reorder_linear_weight``, what inductor does to a compiled step's frozen weights), the
+# (``torch.ops.mkldnn._reorder_linear_weight``, what inductor does to a compiled graph's frozen weights), the
 # vocabulary projection runs faster from 2 rows up and the layer matrices from about 4 (docs/performance.md). So a
 # fused fp32 step of MIN_ROWS rows or more runs on reordered copies of its matrices of MIN_WEIGHT entries or more,
 # made at the first such generation and kept until one of FDG's parameters changes (namc_base's take 228 MB).

@@ -1,6 +1,6 @@
 """When to rebuild what was made from a model's weights: :func:`fingerprint`.
 
-An inference copy, a reordered step matrix or a compiled step is made once from the weights and kept; it is made
+An inference copy or a reordered step matrix is made once from the weights and kept; it is made
 again when a parameter or buffer was replaced or changed in place (an optimiser step bumps the tensor's version
 counter, ``load_state_dict`` copies into it), so that a model trained further never decodes with stale weights.
 """

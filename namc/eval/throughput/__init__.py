@@ -8,9 +8,8 @@
 - **The naive decoder** (:mod:`.baselines`) and **the CLIP4IDC peer** (:mod:`.clip4idc`: its published
   architecture, 173.7M parameters, random weights) in the same process, on the same inputs and length, the peer's
   calls interleaved with namc's; the speed-ups, and whether the naive decoder produced the same ids.
-- **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.backends.precision`), ``torch.compile`` of
-  the decoding step, and decoding over a shortlist of tokens (``shortlist``: random ids for namc and the peer
-  alike, or a fine-tuned model's own list).
+- **Precision** (``precision``: fp32, bf16, int8 on a CPU; :mod:`namc.backends.precision`) and decoding over a
+  shortlist of tokens (``shortlist``: random ids for namc and the peer alike, or a fine-tuned model's own list).
 - **Dense matmul throughput** of the machine (:mod:`.machine`) and the **decode FLOP efficiency**: analytic decoder
   FLOPs (:mod:`.flops`) per second at the median time over that matmul FLOP/s.
 - **Training throughput** (:mod:`.training`, optional): pre-training steps/s and pairs/s, and the cost of the

@@ -115,12 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-repeats", type=int, default=d.reference_repeats)
     p.add_argument("--gemm-size", type=int, default=d.gemm_size, help="square matmul side (default %(default)s)")
     p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the fp32 or bf16 decoding step, its weights frozen in the compiled code "
-        "(FusedFDG.compile_step)",
-    )
-    p.add_argument(
         "--static-decode",
         action="store_true",
         help="decode in fixed-shape steps over a static KV cache (namc.backends.static_decode), on CUDA one CUDA "

@@ -114,11 +114,6 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     _int8_grid(model, settings, device)
     runner = inference_copy(model, settings.precision)  # the model itself in fp32
     parts = part_precisions(model, settings.precision)  # fp32 on CUDA, whose half precision is settings.dtype
-    if settings.compile:
-        try:
-            runner.fdg.compile_step()
-        except ValueError as err:  # an int8 copy's step
-            raise BenchmarkInputError(f"--compile: {err}") from None
     peer, peer_entry = None, None
     if settings.reference in ("clip4idc", "all"):
         torch.manual_seed(settings.seed)
@@ -133,10 +128,7 @@ def _run(settings: BenchmarkSettings, model: NAMC | None) -> dict[str, Any]:
     if settings.backends:
         inference, reference = run_backends(model, settings, device, matmul["flops_per_s"], peer, short)
     else:
-        try:
-            inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
-        finally:
-            runner.fdg.uncompile_step()
+        inference, reference = run_inference(runner, settings, device, matmul["flops_per_s"], peer)
         tag = {"backend": _classic_backend(device, settings), "precision": settings.precision}
         inference, reference = [e | tag for e in inference], [e | tag for e in reference]
     matmul = _settle_matmul(matmul, measure_matmul(device, dtype, settings.gemm_size, precision=settings.precision))

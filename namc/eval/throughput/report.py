@@ -132,7 +132,7 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
     backs = ", ".join(f"{k} {v['median'] / 1e9:.1f}" for k, v in mm["backends"].items())
     return [
         f"namc benchmark  model={mdl['name']} ({mdl['source']})  device={m['device']}  dtype={s['dtype']}  "
-        f"precision={s['precision']} ({_parts(mdl, s['precision'])})  compile={s['compile']}  "
+        f"precision={s['precision']} ({_parts(mdl, s['precision'])})  "
         f"static_decode={s['static_decode']}  shortlist={_shortlist(mdl['shortlist'])}  "
         f"threads={m['torch_threads']}  length_mode={s['length_mode']}  max_new_tokens={s['max_new_tokens']}",
         f"machine: {m['cpu_model']} ({m['cpu_kernels']['capability']}), {m['usable_cpus']} usable CPUs, "

@@ -29,13 +29,14 @@ from namc.eval.throughput.settings import (
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 12  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
+SCHEMA_VERSION = 13  # 2: the CLIP4IDC peer replaced the `pixels` naive decoder; precision. 3: required
 # machine.allocator, settings.static_decode, training.pretrain_estimate.devices / hours_on_devices. 4: required
 # settings.shortlist. 5: settings.shortlist may be "model"; required model.shortlist. 6: required machine.int8_kernels.
 # 7: required peer.linear_maps (the peer converted as namc). 8: required model.part_precisions in place of
 # model.grid_precision. 9: peer.linear_maps onednn_fp32_prepacked. 10: required machine.cpu_kernels (two CPUs of one
 # model name can run bf16 and int8 on different kernels). 11: required peer.encoder_linear_maps (AMX: see there).
-# 12: required settings.backends, backend and precision of every inference and reference row
+# 12: required settings.backends, backend and precision of every inference and reference row. 13: no settings.compile
+# (the compiled decoding step was removed: no faster than eager)
 
 
 def _field(kind: str | list[str], description: str, **keywords: Any) -> dict[str, Any]:
@@ -116,7 +117,6 @@ _SETTINGS = {
         "integer", "timed calls of the naive decoder (no warm-up); timed rounds of each peer comparison", minimum=1
     ),
     "gemm_size": _field("integer", "side of the square matmul", minimum=1),
-    "compile": _field("boolean", "FDG's decoding step ran under `torch.compile`"),
     "static_decode": _field(
         "boolean", "decoding ran in fixed-shape steps over a static KV cache (a CUDA graph per batch size on CUDA)"
     ),

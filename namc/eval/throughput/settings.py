@@ -105,7 +105,6 @@ class BenchmarkSettings:
             CLIP4IDC peer, :mod:`.clip4idc`: decode-only and end to end, interleaved with namc) or ``all``.
         reference_repeats: timed calls of the naive decoder, and timed rounds of each peer comparison.
         gemm_size: side of the square matmul whose FLOP/s is the efficiency reference.
-        compile: ``torch.compile`` FDG's decoding step.
         static_decode: decode with :class:`~namc.backends.static_decode.StaticDecoder` (fixed-shape steps over a
             static KV cache; on CUDA one CUDA graph per batch size, replayed at every step) in every level.
         shortlist: decode over this many tokens instead of the whole vocabulary (:mod:`namc.models.shortlist`):
@@ -141,7 +140,6 @@ class BenchmarkSettings:
     reference: str = "decode"
     reference_repeats: int = 1
     gemm_size: int = 1024
-    compile: bool = False
     static_decode: bool = False
     shortlist: int | str = 0
     train_batch_size: int = 0
@@ -219,9 +217,7 @@ class BenchmarkSettings:
                 f"with backends the levels are {' and '.join(BACKEND_MODES)} (a compiled captioner takes pixels or "
                 f"E_MIR, not grids), got modes {self.modes}"
             )
-        if runs and (self.compile or self.static_decode or self.dtype != "float32"):
-            raise BenchmarkInputError("backends run as namc.compile builds them: no compile, static_decode or dtype")
-        if self.compile and self.static_decode:
-            raise BenchmarkInputError("compile and static_decode are two ways of running the step: pick one")
+        if runs and (self.static_decode or self.dtype != "float32"):
+            raise BenchmarkInputError("backends run as namc.compile builds them: no static_decode or dtype")
         if device_type != "cuda" and self.dtype != "float32":
             raise BenchmarkInputError(f"{self.dtype} is measured on CUDA only; use float32 on {self.device}")
