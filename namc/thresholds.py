@@ -12,14 +12,11 @@ __all__ = [
     "ARGMAX_MIN_ROWS",
     "BF16_MIN_WEIGHT",
     "CROSS_KV_BF16_MIN",
-    "FP32_ONEDNN_MIN_WEIGHT",
     "GELU_ATEN_MAX",
     "INT8_MIN_WEIGHT",
     "KNN_EXACT_MAX",
     "KNN_NPROBE",
     "MIR_BF16_MIN_WEIGHT",
-    "REORDER_MIN_ROWS",
-    "REORDER_MIN_WEIGHT",
     "SERIAL_ELEMENTS",
     "SERIAL_FLOPS",
 ]
@@ -38,18 +35,6 @@ INT8_MIN_WEIGHT = 1 << 13
 #: elements (4 MB of fp32 keys a layer): reading half the bytes pays from there, below fp32's fused kernel is as fast
 CROSS_KV_BF16_MIN = 1 << 20
 
-# Which fp32 kernel runs a decoding step's product (namc.backends.onednn.dense, namc.backends.step).
-
-#: fp32 matrices from this many entries run oneDNN's kernel at every batch size: it beats the default BLAS on skinny
-#: products of large matrices, where smaller ones favour ``F.linear``'s lower overhead
-FP32_ONEDNN_MIN_WEIGHT = 1 << 20
-#: an fp32 generation of this many rows or more decodes on matrices reordered once into oneDNN's blocked layout: the
-#: reordered kernel is a little slower at 1 row and faster from about 4
-REORDER_MIN_ROWS = 4
-#: ... for matrices of this many entries or more: from there (namc_base's 768 x 768 ones included) the reordered
-#: kernel also beats ``F.linear`` from 4 rows
-REORDER_MIN_WEIGHT = 1 << 19
-
 # One thread or all (namc.backends.threads): under OMP_WAIT_POLICY=PASSIVE a second thread sleeps between parallel
 # regions, and waking it costs more than a small product gains from it.
 
@@ -58,7 +43,7 @@ REORDER_MIN_WEIGHT = 1 << 19
 SERIAL_FLOPS = {
     "int8": 1 << 25,  # dynamic int8 products (namc.backends.qlinear); one thread stops winning at 38-113 MFLOP
     "bf16": 1 << 24,  # oneDNN's bf16 linear kernel; crossing at 28-38 MFLOP
-    "fp32": 1 << 23,  # F.linear or oneDNN's fp32 kernel; crossing at 9-28 MFLOP
+    "fp32": 1 << 23,  # F.linear; crossing at 9-28 MFLOP
     "sdpa_fp32": 1 << 20,  # F.scaled_dot_product_attention in fp32; crossing at 1-2.4 MFLOP
     "sdpa_bf16": 1 << 17,  # ... in bf16, whose fused kernel is slow on one thread over many keys; also where
     # namc.backends.step.attend_step switches bf16 to attend_one (ONE_QUERY_FUSED_FLOPS)

@@ -1,4 +1,6 @@
-"""YAML in: one bounded reader for the YAML files namc reads (study files, recipes, the curation pipeline).
+"""YAML in: one bounded reader for the YAML files namc reads (study files, recipes, the curation pipeline; the
+training configs of ``namc fit --config`` go through jsonargparse's loader, bounded by :func:`check_size` in
+:mod:`namc.lit.cli`).
 
 A YAML file may come from elsewhere (a shared study, a pipeline config), and PyYAML's ``safe_load`` takes silently
 what namc must refuse:
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MAX_VALUES", "YAMLTextError", "load_yaml"]
+__all__ = ["MAX_VALUES", "YAMLTextError", "check_size", "load_yaml"]
 
 MAX_VALUES = 1_000_000  # values of the expanded tree; a study or pipeline file holds a few hundred
 
@@ -47,7 +49,7 @@ def _loader() -> type:
     return Loader
 
 
-def _check_size(data: Any, max_values: int) -> None:
+def check_size(data: Any, max_values: int = MAX_VALUES) -> None:
     """Walks ``data`` as a tree (shared nodes visited once per reference), refusing more than ``max_values``."""
     budget = max_values
     stack = [data]
@@ -76,5 +78,5 @@ def load_yaml(text: str, max_values: int = MAX_VALUES) -> Any:
         raise YAMLTextError(f"{err.problem or err.context}{where}") from None
     except yaml.YAMLError as err:
         raise YAMLTextError(" ".join(str(err).split())) from None
-    _check_size(data, max_values)
+    check_size(data, max_values)
     return data

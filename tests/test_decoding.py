@@ -211,8 +211,7 @@ def test_attend_step_takes_the_batched_products_for_large_low_precision_attentio
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_dense_matches_linear(rows):
-    """The generation-time linear (oneDNN on CPU for large matrices, at any number of rows) equals F.linear up to
-    rounding."""
+    """The generation-time linear (on one thread where the product is small) equals F.linear up to rounding."""
     x, w, b = torch.randn(rows, 1024), torch.randn(1024, 1024) / 32, torch.randn(1024)
     with torch.inference_mode():
         assert torch.allclose(onednn.dense(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)

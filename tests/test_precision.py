@@ -460,20 +460,6 @@ def test_fold_batchnorm_refuses_a_trainable_grid():
         fold_batchnorm(grid)
 
 
-def test_dense_leaves_the_private_onednn_op_out_of_compiled_graphs(monkeypatch):
-    """Under torch.compile the weights are graph inputs, which oneDNN's private linear op refuses ("weight must be a
-    graph constant", at batch >= 8 on namc_base): while compiling, _dense must not even consider it."""
-    x, w = torch.randn(16, 8), torch.randn(4, 8)
-    monkeypatch.setattr(onednn, "MIN_WEIGHT", 0)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-
-    def refuse():
-        raise AssertionError("the oneDNN op was considered while compiling")
-
-    monkeypatch.setattr(onednn, "linear_available", refuse)
-    torch.testing.assert_close(onednn.dense(x, w), F.linear(x, w))
-
-
 def _png(path, seed: int) -> str:
     rng = np.random.default_rng(seed)
     Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)

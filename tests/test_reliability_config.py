@@ -351,6 +351,33 @@ def test_the_yaml_reader_refuses_duplicate_keys_and_recursive_aliases_and_keeps_
         load_yaml(_laughs(3), max_values=500)
 
 
+def test_a_training_config_whose_aliases_expand_without_bound_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``namc fit --config`` reads YAML through jsonargparse, which walked the expanded tree for minutes; the file is
+    refused in one line that names it, and jsonargparse's loader refuses it too wherever else it reads YAML."""
+    import jsonargparse
+
+    from namc.lit.cli import bound_config_yaml, main
+    from namc.yamltext import YAMLTextError
+
+    path = tmp_path / "laughs.yaml"
+    path.write_text(_laughs())
+    start = time.perf_counter()
+    assert main(["fit", "--config", str(path)]) == 2
+    assert time.perf_counter() - start < 30  # not a walk over 9**9 values
+    err = capsys.readouterr().err
+    assert err == f"namc fit: error: {path}: expands to more than 1,000,000 values (aliases of aliases?)\n"
+    assert main(["fit", f"--config={path}"]) == 2
+    bound_config_yaml()
+    load = jsonargparse.get_loader("yaml")
+    with pytest.raises(YAMLTextError, match="expands to more than"):
+        load(_laughs())
+    assert load("lr: 1e-3\nsteps: [1, 2]\n") == {"lr": 1e-3, "steps": [1, 2]}  # jsonargparse's own number rules
+    bound_config_yaml()  # once bound, not wrapped again
+    assert jsonargparse.get_loader("yaml") is load
+
+
 def test_a_pipeline_config_with_a_duplicate_key_names_the_file(tmp_path: Path) -> None:
     from namc.curate.config import ConfigError as PipelineConfigError
     from namc.curate.config import load_section

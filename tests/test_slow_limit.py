@@ -84,12 +84,12 @@ def test_the_run_delay_grows_when_another_process_shares_the_cpu() -> None:
         start, waited = time.perf_counter(), run_delay_s()
         while time.perf_counter() - start < 0.6:
             pass
-        waited = run_delay_s() - waited
+        waited, elapsed = run_delay_s() - waited, time.perf_counter() - start
     finally:
         os.sched_setaffinity(0, before_affinity)
         spinner.kill()
         spinner.wait()
-    assert 0.1 < waited < 0.6  # about half of the 0.6 s went to the spinner
+    assert 0.1 < waited < elapsed  # about half of the time went to the spinner
 
 
 def test_an_unmarked_slow_test_fails_with_a_one_line_reason(pytester: pytest.Pytester) -> None:
@@ -100,9 +100,9 @@ def test_an_unmarked_slow_test_fails_with_a_one_line_reason(pytester: pytest.Pyt
     result.assert_outcomes(passed=3, failed=3)
     result.stdout.fnmatch_lines(
         [
-            "*test_inner.py::test_unmarked_and_slow took * s (setup * s + call * s), over the fast tier's 0.2 s: "
+            "*test_inner.py::test_unmarked_and_slow took * s (setup * s + call * s*), over the fast tier's 0.2 s: "
             "mark it `slow` (and add a fast test of the same logic)",
-            "*test_inner.py::test_first_user_of_an_expensive_fixture took * s (setup 0.3 s + call *",
+            "*test_inner.py::test_first_user_of_an_expensive_fixture took * s (setup * s + call *",
         ]
     )
     output = result.stdout.str()

@@ -125,7 +125,7 @@ def test_report_contents(report):
     assert peer["paper_parameters"] == 173_700_000
     assert abs(peer["parameters"]["total"] - 173_700_000) < 50_000  # the paper's count, to its 0.1M rounding
     assert 0 < peer["parameters"]["inference"] < peer["parameters"]["total"]
-    assert peer["linear_maps"] == ("onednn_fp32_prepacked" if onednn.linear_available() else "fp32")  # as namc's
+    assert peer["linear_maps"] == "fp32"  # fp32: the peer itself, as namc's fp32 is its model core
     assert peer["encoder_linear_maps"] == peer["linear_maps"]
     style = report["model"]["parameters_paper_style"]
     assert style["inference_without_vocab_embedding"] == params["inference"] - style["vocab_embedding"]
@@ -379,7 +379,7 @@ def test_peer_at_its_own_precision(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert tp.validate_report(report) == []
     assert report["settings"]["precision"] == "int8" and report["settings"]["reference_precision"] == "bf16"
-    want = "onednn_bf16_prepacked" if BF16 else "onednn_fp32_prepacked"  # bf16 is fp32 where oneDNN has no bf16
+    want = "onednn_bf16_prepacked" if BF16 else "fp32"  # bf16 is fp32 where oneDNN has no bf16
     assert report["peer"]["linear_maps"] == report["peer"]["encoder_linear_maps"] == want
     assert report["model"]["part_precisions"]["decoder"] == "int8"
     peer_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CLIP4IDC peer: "))
@@ -488,20 +488,18 @@ def test_projected_attention_is_multihead_attention(precision: str, batch_first:
 
 
 @pytest.mark.slow  # the full-size peer
-@pytest.mark.parametrize("precision", ["int8", "bf16", "fp32"])
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     """The peer is converted as fully as namc: no linear map of its inference path stays as it was (PyTorch's dynamic
     flow leaves nn.MultiheadAttention's projections in fp32, a third of the peer's products; a plain bf16 weight is
-    reordered by oneDNN at every call, where namc's bf16 decoding keeps its matrices prepacked; in fp32 namc's decoding
-    runs oneDNN's kernel, not F.linear's BLAS)."""
-    if precision != "int8" and not onednn.linear_available():
-        pytest.skip("this torch build has no oneDNN linear kernel")
+    reordered by oneDNN at every call, where namc's bf16 decoding keeps its matrices prepacked). In fp32 both run as
+    they are (test_the_fp32_peer_is_the_peer_itself)."""
+    if precision == "bf16" and not (BF16 and onednn.linear_available()):
+        pytest.skip("oneDNN has no bf16 linear kernel here: the bf16 peer is the fp32 peer")
     torch.manual_seed(0)
     peer = tp.CLIP4IDCPeer().eval()
     low = tp.peer_at(peer, precision)
-    forms = {"int8": "int8_dynamic", "bf16": "onednn_bf16_prepacked", "fp32": "onednn_fp32_prepacked"}
-    if not BF16:  # as namc's bf16 copy, the peer's is fp32 on a CPU where oneDNN has no bf16
-        forms["bf16"] = forms["fp32"]
+    forms = {"int8": "int8_dynamic", "bf16": "onednn_bf16_prepacked"}
     assert linear_form(low) == forms[precision] and linear_form(peer) == "fp32"  # the report's peer.linear_maps
     encoder = "onednn_bf16_prepacked" if precision == "int8" and onednn.amx_bf16() else forms[precision]
     assert linear_form(low, encoder=True) == encoder and linear_form(peer, encoder=True) == "fp32"
@@ -520,6 +518,17 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
         tokens = torch.full((1, 3), 49406)
         want, got = peer.logits(tokens, want), low.logits(tokens, want.to(dtype))
         assert float((got.float() - want).norm() / want.norm()) < bound
+
+
+def test_the_fp32_peer_is_the_peer_itself() -> None:
+    """namc's fp32 is its model core in eager PyTorch, so the fp32 peer is the peer as it is; where oneDNN has no
+    bf16, the bf16 peer is too, as namc's bf16 copy stays fp32 there."""
+    peer = tp.CLIP4IDCPeer.__new__(tp.CLIP4IDCPeer)
+    nn.Module.__init__(peer)
+    peer.head = nn.Linear(4, 4)
+    assert tp.peer_at(peer, "fp32") is peer
+    if not BF16:
+        assert tp.peer_at(peer, "bf16") is peer
 
 
 @pytest.mark.slow  # the full-size peer

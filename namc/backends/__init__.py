@@ -1,7 +1,7 @@
 """What makes a trained model fast: everything between :mod:`namc.models` (the architecture, in eager PyTorch) and
 a caption, at a chosen precision.
 
-- :mod:`namc.backends.precision`: inference copies of a model on a CPU in fp32, bf16 or int8 (BatchNorm folded,
+- :mod:`namc.backends.precision`: inference copies of a model on a CPU in bf16 or int8 (BatchNorm folded,
   oneDNN's fused convolutions, dynamic and static int8, the fused decoding step of :mod:`namc.backends.step`).
 - :mod:`namc.backends.static_decode`: fixed-shape greedy decoding with CUDA graphs.
 - :mod:`namc.deploy`: ONNX export and the ONNX Runtime / OpenVINO captioners.

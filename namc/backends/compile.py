@@ -9,9 +9,10 @@ backend                   precisions          what runs
 ========================  ==================  ===================================================================
 ``torch``                 fp32, bf16          the model core in eager PyTorch (bf16: ``torch.autocast`` on the
                                               model's device); any device
-``cpu``                   fp32, bf16, int8    namc's hand-written CPU path: an inference copy with BatchNorm folded,
-                                              oneDNN's fused convolutions and decoding step, dynamic int8 matrices
-                                              and, once calibrated, a static int8 grid (:mod:`namc.backends.precision`)
+``cpu``                   fp32, bf16, int8    fp32: the model core (as ``torch``); bf16, int8: namc's hand-written CPU
+                                              path, an inference copy with BatchNorm folded, oneDNN's fused
+                                              convolutions and decoding step, dynamic int8 matrices and, once
+                                              calibrated, a static int8 grid (:mod:`namc.backends.precision`)
 ``cuda``                  fp32, bf16          the model on a GPU; greedy decoding in fixed-shape steps replayed as
                                               CUDA graphs (:mod:`namc.backends.static_decode`)
 ``onnxruntime``           fp32, int8          the model exported to ONNX (:mod:`namc.deploy`), run by ONNX Runtime;
@@ -20,10 +21,12 @@ backend                   precisions          what runs
 ``openvino``              fp32, int8          the same graphs, run by OpenVINO
 ========================  ==================  ===================================================================
 
-The default backend is ``cpu`` for a model on a CPU and ``cuda`` for one on a GPU. ``onnxruntime`` and ``openvino``
-export the model into ``export_dir`` (a temporary folder, removed with the captioner, when not given) and need the
-``[deploy]`` extra; an export folder made once with ``namc export onnx`` loads directly with
-:func:`namc.deploy.load_captioner`. Speed and agreement of each backend are in docs/performance.md.
+The default backend is ``cpu`` for a model on a CPU and ``cuda`` for one on a GPU. namc keeps no hand-written fp32
+CPU path: ONNX Runtime and OpenVINO run fp32 faster than one did, so the fast fp32 on a CPU is ``onnxruntime``.
+``onnxruntime`` and ``openvino`` export the model into ``export_dir`` (a temporary folder, removed with the
+captioner, when not given) and need the ``[deploy]`` extra; an export folder made once with ``namc export onnx``
+loads directly with :func:`namc.deploy.load_captioner`. Speed and agreement of each backend are in
+docs/performance.md.
 
 A captioner keeps what it built from the weights (copies, reordered matrices, graphs). The ``cpu`` backend rebuilds
 its copy when the model's weights change; the others are snapshots: compile again after training further.

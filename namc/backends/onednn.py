@@ -28,7 +28,6 @@ from torch import nn
 
 from namc.backends import threads
 from namc.thresholds import BF16_MIN_WEIGHT
-from namc.thresholds import FP32_ONEDNN_MIN_WEIGHT as MIN_WEIGHT  # dense's cut-off (patchable here)
 
 __all__ = [
     "FusedBlock",
@@ -322,17 +321,8 @@ _LINEAR_OK: bool | None = None
 
 def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` of (b, D_in) inputs during generation (``weight`` a packed int8 layer: that layer's call; a
-    prepacked oneDNN bf16 matrix: oneDNN's kernel on it).
-
-    On a CPU in float32, with a matrix of at least :data:`~namc.thresholds.FP32_ONEDNN_MIN_WEIGHT` entries
-    (namc_base's vocabulary projection, fused q/k/v and FFN weights), it runs oneDNN's kernel at every batch size,
-    which beats the default BLAS on these skinny products; small matrices favour ``F.linear``'s low-overhead path.
-    Either result equals ``F.linear`` up to float rounding.
-
-    A product too small to gain from a second thread that would have to be woken runs on one
-    (:mod:`namc.backends.threads`); the large matrices on oneDNN's fp32 kernel keep every thread, which they gain from
-    at every batch size.
-    """
+    prepacked oneDNN bf16 matrix: oneDNN's kernel on it). A product too small to gain from a second thread that
+    would have to be woken runs on one (:mod:`namc.backends.threads`)."""
     if isinstance(weight, nn.Module):
         return weight(x.float()).to(x.dtype)
     if is_packed(weight):  # prepacked by FusedFDG.pack_step("bf16"); outside autocast's reach, so cast here
@@ -340,23 +330,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     x = x.to(weight.dtype)  # a bf16 copy mixes bf16 and fp32 matrices (bf16_worthwhile) and runs without autocast
-    if fp32_kernel(weight, MIN_WEIGHT):
-        return _onednn_linear(x, weight, bias)
     return threads.run(_kind(weight), 2.0 * x.numel() * weight.shape[0], F.linear, x, weight, bias)
-
-
-def fp32_kernel(weight: torch.Tensor, min_weight: int) -> bool:
-    """Whether a plain fp32 CPU ``weight`` of ``min_weight`` entries or more runs on oneDNN's kernel (:func:`dense`
-    from :data:`MIN_WEIGHT`; reordered, :mod:`namc.backends.step`): not inside a graph being compiled, where
-    the private op needs constant weights (let inductor pick)."""
-    return (
-        weight.numel() >= min_weight
-        and weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and torch.backends.mkldnn.enabled
-        and not torch.compiler.is_compiling()
-        and linear_available()
-    )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """Inference precision: the ``precision`` option of :meth:`NAMC.generate`, ``namc describe`` and ``namc benchmark``.
 
-- ``fp32``: the model as it is (the default).
+- ``fp32``: the model as it is, the model core in eager PyTorch (the default). namc keeps no hand-written fp32 path:
+  ONNX Runtime and OpenVINO run fp32 faster than one did (docs/performance.md), so a fast fp32 is the
+  ``onnxruntime`` backend of :func:`namc.compile`.
 - ``bf16``: on a CPU, a copy of the inference path (grid encoder with BatchNorm folded into its convolutions, MIR,
   FDG) whose convolution and linear weights, and the vocabulary matrix, are stored in bfloat16 where bf16 pays:
   oneDNN runs them in bf16 (AVX-512 BF16 / AMX where the CPU has them). Each part is kept in the dtype it runs in and
@@ -142,7 +144,7 @@ def int8_grid(model: nn.Module) -> str:
 
 
 def inference_copy(model: nn.Module, precision: str) -> nn.Module:
-    """The ``precision`` copy of a NAMC model's inference path on a CPU (``fp32``: :func:`fp32_view`).
+    """The ``precision`` copy of a NAMC model's inference path on a CPU (``fp32``: the model itself).
 
     The copy shares nothing with the model, has no NIM / VQGAN (inference never runs them) and is in eval mode.
     Built once per model and precision, rebuilt when the model's weights changed (or, for int8, the kernels
@@ -150,7 +152,7 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
     """
     check_precision(precision)
     if precision == "fp32":
-        return fp32_view(model)
+        return model
     cached = _COPIES.setdefault(model, {})
     int8 = precision == "int8"
     rules = (int8_kernels(), qlinear.INT8_MIN_WEIGHT) if int8 else (onednn.BF16_MIN_WEIGHT, MIR_BF16_MIN_WEIGHT)
@@ -184,10 +186,9 @@ def inference_copy(model: nn.Module, precision: str) -> nn.Module:
 
 
 def fp32_view(model: nn.Module) -> nn.Module:
-    """``model`` as the fp32 runtime decodes it: a second handle on the same modules and parameters (nothing copied,
-    ``model`` unchanged) whose decoder takes the fused step (:func:`~namc.backends.step.fused_view`). Kept per model,
-    so that what the step prepares once (the reordered fp32 matrices, rebuilt when a weight changes) is reused by
-    every generation; made again when a submodule is replaced or the training mode changes."""
+    """``model`` as a GPU decodes it: a second handle on the same modules and parameters (nothing copied, ``model``
+    unchanged) whose decoder takes the fused step (:func:`~namc.backends.step.fused_view`), fewer kernel launches per
+    token. Kept per model; made again when a submodule is replaced or the training mode changes."""
     key = (model.training, model.fdg.training, *(id(m) for m in model._modules.values()))
     entry = _VIEWS.get(model)
     if entry is not None and entry[0] == key:

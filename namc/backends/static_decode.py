@@ -41,7 +41,6 @@ import torch
 import torch.nn.functional as F
 
 from namc import ops
-from namc.backends import step as packed_step
 from namc.backends.step import cache_dtype, first_max_index, fused_view
 from namc.backends.versions import fingerprint as _fingerprint
 from namc.models.fdg import FDG
@@ -85,7 +84,7 @@ class _State:
     caches: list[StaticKVCache]
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # 2 x (B, H, N, E) per layer
     memory_mask: torch.Tensor | None  # (B, N) bool
-    weights: list  # FusedFDG.step_weights(B) when built (on a shortlist's rows where one is given)
+    weights: list  # FusedFDG.step_weights() when built (on a shortlist's rows where one is given)
     graph: torch.cuda.CUDAGraph | None = None
 
 
@@ -128,7 +127,7 @@ class StaticDecoder:
         self.shortlist = fdg._shortlist(vocabulary)
         self._states: OrderedDict[tuple, _State] = OrderedDict()
         self._built_for: tuple = ()  # the FDG's parameters when the states were built (_fingerprint)
-        self._weights: dict[bool, list] = {}  # FusedFDG.step_weights then, plain and reordered (packed_step.MIN_ROWS)
+        self._weights: list | None = None  # FusedFDG.step_weights then (every state's step reads these matrices)
 
     @torch.inference_mode()
     def __call__(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -185,7 +184,7 @@ class StaticDecoder:
         built_for = _fingerprint(self.fdg)
         if built_for != self._built_for:
             self._states.clear()
-            self._built_for, self._weights = built_for, {}
+            self._built_for, self._weights = built_for, None
         key = (tuple(memory.shape), memory.dtype, memory.device, memory_mask is not None)
         if key in self._states:
             self._states.move_to_end(key)
@@ -200,11 +199,10 @@ class StaticDecoder:
         run on it); the CUDA graph where one is captured."""
         fdg, L = self.fdg, self.max_new_tokens
         B, _, D = memory.shape
-        form = B >= packed_step.MIN_ROWS  # the states of either form share their matrices
-        if form not in self._weights:
-            weights = fdg.step_weights(B)
-            self._weights[form] = weights if self.shortlist is None else fdg.shortlisted(weights, self.shortlist)
-        weights = self._weights[form]  # the matrices this state's step (and graph) reads
+        if self._weights is None:
+            weights = fdg.step_weights()
+            self._weights = weights if self.shortlist is None else fdg.shortlisted(weights, self.shortlist)
+        weights = self._weights  # the matrices this state's step (and graph) reads
         device, dtype = memory.device, cache_dtype(memory, weights)
         position = torch.zeros(1, dtype=torch.long, device=device)
         s = _State(

@@ -29,13 +29,10 @@ from torch import nn
 
 from namc.backends import onednn, threads
 from namc.backends.qlinear import int8_linear, int8_worthwhile
-from namc.backends.versions import fingerprint
 from namc.models.fdg import FDG
 from namc.models.layers import KVCache
 from namc.models.shortlist import Shortlist
 from namc.thresholds import ARGMAX_MIN_ROWS, CROSS_KV_BF16_MIN, GELU_ATEN_MAX, SERIAL_FLOPS
-from namc.thresholds import REORDER_MIN_ROWS as MIN_ROWS  # read at each call, as MIN_WEIGHT is
-from namc.thresholds import REORDER_MIN_WEIGHT as MIN_WEIGHT
 
 __all__ = [
     "FusedFDG",
@@ -283,7 +280,7 @@ class FusedFDG(FDG):
         if max_new_tokens + 1 > self.max_len:
             raise ValueError(f"max_new_tokens={max_new_tokens} needs {max_new_tokens + 1} positions > {self.max_len}")
         B, _, D = memory.shape
-        fused = None if self.training else self.step_weights(B)
+        fused = None if self.training else self.step_weights()
         dtype = cache_dtype(memory, fused)
         caches = [
             KVCache(B, self.heads, max_new_tokens + 1, D // self.heads, memory.device, dtype) for _ in self.blocks
@@ -311,10 +308,9 @@ class FusedFDG(FDG):
             for block in self.blocks
         ]
 
-    def step_weights(self, rows: int = 1) -> list[StepWeights]:
-        """The eval step's matrices per layer: those :meth:`pack_step` prepared, else the live parameters (large fp32
-        ones reordered for oneDNN for a generation of ``rows`` rows, :mod:`namc.backends.step`)."""
-        return getattr(self, "_packed_step", None) or fp32_step_weights(self, rows)
+    def step_weights(self) -> list[StepWeights]:
+        """The eval step's matrices per layer: those :meth:`pack_step` prepared, else the live parameters."""
+        return getattr(self, "_packed_step", None) or [StepWeights.of(block, self._vocab()) for block in self.blocks]
 
     def pack_step(self, precision: str) -> None:
         """Keep the eval step's matrices (the vocabulary projection included) in a form prepared once, for an
@@ -376,7 +372,7 @@ def fused_view(fdg: FDG) -> FusedFDG:
         return fdg
     view = FusedFDG.__new__(FusedFDG)
     view.__dict__.update(fdg.__dict__)  # the same _parameters / _modules dicts: a second handle on one decoder
-    for name in ("_packed_fp32", "_packed_step", "_cross_kv_dtype"):
+    for name in ("_packed_step", "_cross_kv_dtype"):
         view.__dict__.pop(name, None)
     return view
 
@@ -434,50 +430,3 @@ def _blocked_first_max(x: torch.Tensor) -> torch.Tensor:
         later = (tail > best) | (tail.isnan() & ~best.isnan())
         index = torch.where(later, at + n, index)
     return index
-
-
-# ----------------------------------------------------------------------- fp32 step matrices reordered once
-# oneDNN computes from a plain fp32 weight as it lies in memory; reordered once into its blocked layout
-# (``torch.ops.mkldnn._reorder_linear_weight``, what inductor does to a compiled graph's frozen weights), the
-# vocabulary projection runs faster from 2 rows up and the layer matrices from about 4 (docs/performance.md). So a
-# fused fp32 step of MIN_ROWS rows or more runs on reordered copies of its matrices of MIN_WEIGHT entries or more,
-# made at the first such generation and kept until one of FDG's parameters changes (namc_base's take 228 MB).
-
-
-def fp32_step_weights(fdg: nn.Module, rows: int) -> list[StepWeights]:
-    """FDG's eval step weights (per layer) from its live parameters for a generation of ``rows`` rows: as they are,
-    or, where :func:`reorders` says so, the kept reordered copies (built or rebuilt here)."""
-    key = fingerprint(fdg) if rows >= MIN_ROWS else None
-    packed = fdg.__dict__.get("_packed_fp32")
-    if key is not None and packed is not None and packed.key == key:
-        return packed.weights
-    plain = [StepWeights.of(block, fdg._vocab()) for block in fdg.blocks]
-    if key is None or not any(reorders(getattr(w, n)[0]) for w in plain for n in StepWeights.NAMES):
-        return plain
-    fdg.__dict__["_packed_fp32"] = None  # the stale copies go before the new ones are made
-    fdg.__dict__["_packed_fp32"] = packed = PackedStep(key, plain)
-    return packed.weights
-
-
-def reorders(weight: torch.Tensor) -> bool:
-    """Whether a plain step matrix runs reordered: an fp32 CPU matrix of :data:`MIN_WEIGHT` entries or more, on
-    oneDNN's kernel (:func:`~namc.backends.onednn.fp32_kernel`)."""
-    return onednn.fp32_kernel(weight, MIN_WEIGHT)
-
-
-class PackedStep:
-    """One FDG's step weights with its large fp32 matrices reordered (:func:`reorders`), and ``key``, the fingerprint
-    of the parameters they came from. A deep copy (an inference copy of the model) has none: oneDNN's opaque
-    tensors cannot be copied."""
-
-    __slots__ = ("key", "weights")
-
-    def __init__(self, key: tuple | None = None, plain: list[StepWeights] = ()) -> None:
-        self.key, self.weights = key, StepWeights.each_matrix(list(plain), _reordered)
-
-    def __deepcopy__(self, memo: dict) -> PackedStep:
-        return PackedStep()
-
-
-def _reordered(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    return (onednn.pack_linear(weight.detach()) if reorders(weight) else weight, bias)

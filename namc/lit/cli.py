@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jsonargparse
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from namc.backends.qlinear import int8_kernels
@@ -38,6 +40,7 @@ from namc.lit.modules import NAMCModule
 from namc.lit.supervisor import fork_job, should_supervise
 from namc.models import model_config
 from namc.models.io import WeightsError, read_checkpoint, read_config
+from namc.yamltext import YAMLTextError, check_size
 
 __all__ = [
     "NAMCCLI",
@@ -237,9 +240,39 @@ class NAMCCLI(LightningCLI):
         parser.link_arguments("data.caption_tokenizer", "model.init_args.tokenizer", apply_on="instantiate")
 
 
+def bound_config_yaml() -> None:
+    """Bound the YAML loader of jsonargparse (which reads ``--config`` files and option values) as namc's own YAML is
+    (:mod:`namc.yamltext`): a config whose aliases expand past the budget (the "billion laughs") or that nests past
+    Python's recursion is refused in one line, where jsonargparse would walk the expanded tree for minutes. The
+    loader's own parsing (its number and value rules) is kept."""
+    plain = jsonargparse.get_loader("yaml")
+    if getattr(plain, "bounded", False):
+        return
+
+    def bounded(text: str) -> Any:
+        try:
+            value = plain(text)
+        except RecursionError:
+            raise YAMLTextError("nested too deeply") from None
+        check_size(value)
+        return value
+
+    bounded.bounded = True
+    jsonargparse.set_loader("yaml", bounded, exceptions=(yaml.YAMLError, YAMLTextError))
+
+
+def config_files(argv: Sequence[str]) -> list[Path]:
+    """The files ``--config PATH`` / ``--config=PATH`` name in ``argv`` (a value that is not a file is left to
+    jsonargparse, which also takes a config as a YAML string)."""
+    values = [b for a, b in zip(argv, argv[1:], strict=False) if a == "--config"]
+    values += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    return [Path(v) for v in values if Path(v).is_file()]
+
+
 def run_lightning(args: Sequence[str] | dict[str, Any], run: bool = True) -> Any:
     """Run (or, with ``run=False``, only build) the LightningCLI with ``args`` (a list of strings or a dict)."""
     quiet_warnings()
+    bound_config_yaml()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return NAMCCLI(args=args, run=run)
 
@@ -261,6 +294,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"namc {command}: error: {err}", file=sys.stderr)
         return 2
+    for path in config_files(argv):  # one line naming the file, before LightningCLI's usage text
+        try:
+            bound_config_yaml()
+            jsonargparse.get_loader("yaml")(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
+            print(f"namc {command}: error: {path}: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
     try:
         run_lightning(argv)
     except (UnsafeCheckpointError, CheckpointFileError) as err:

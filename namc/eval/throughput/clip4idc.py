@@ -190,17 +190,16 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
     included (:class:`ProjectedAttention`): ``int8``, dynamic int8 layers
     (:class:`~namc.backends.qlinear.DynamicLinear`); ``bf16``, bf16 weights prepacked for oneDNN, as namc's bf16
     decoding step keeps them (:meth:`~namc.backends.step.FusedFDG.pack_step`; a plain bf16 weight is reordered at
-    every call); ``fp32``, oneDNN's fp32 linear kernel on weights reordered once, which namc's fp32 decoding step
-    runs (:func:`namc.backends.onednn.dense`; faster than ``F.linear``'s BLAS at every batch size). So the peer is
+    every call); ``fp32``, the peer itself in eager PyTorch, as namc's fp32 is its model core. So the peer is
     measured on the same kernels as namc. On a CPU with AMX the int8 peer runs its products over the visual memory in
     bf16 (:func:`_memory_side_to_bf16`). Where this torch has no oneDNN linear kernel (or off the CPU) bf16 is plain
-    bf16 weights and fp32 the peer itself; where oneDNN has no bf16 on this CPU, bf16 is fp32, as namc's bf16 copy is
+    bf16 weights; where oneDNN has no bf16 on this CPU, bf16 is fp32, as namc's bf16 copy is
     there (:func:`~namc.backends.onednn.bf16_supported`)."""
     on_cpu = peer.head.weight.device.type == "cpu"
     onednn_ok = on_cpu and onednn.linear_available()
     if precision == "bf16" and on_cpu and not onednn.bf16_supported():
         precision = "fp32"
-    if precision == "fp32" and not onednn_ok:
+    if precision == "fp32":
         return peer
     if precision == "int8":
         bf16_memory = onednn_ok and onednn.amx_bf16()  # as namc's int8 copy on AMX
@@ -212,11 +211,10 @@ def peer_at(peer: CLIP4IDCPeer, precision: str) -> CLIP4IDCPeer:
         if bf16_memory:
             _memory_side_to_bf16(twin)
     else:
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        twin = copy.deepcopy(peer).eval().to(dtype)
+        twin = copy.deepcopy(peer).eval().to(torch.bfloat16)
         if not onednn_ok:
             return twin
-        linear = functools.partial(OneDNNLinear, dtype=dtype)
+        linear = functools.partial(OneDNNLinear, dtype=torch.bfloat16)
     return namc_norms(_convert(twin, linear))
 
 
