@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pretrain_smoke import pretrain_two_steps
 
 from namc.curate import caption as caption_cli
 from namc.curate import describe as describe_cli
@@ -256,11 +257,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(shape
 
 def test_chain_on_the_shapes_world_down_to_pretraining(shapes: dict, tmp_path: Path) -> None:
     """shapes pairs -> describe (server answers each pair's shapes description) -> filter -> pack -> pre-train."""
-    import lightning.pytorch as pl
-
     from namc.data.cli import main as data_main
-    from namc.lit import PretrainModule
-    from namc.lit.datamodules import CorpusDataModule
 
     corpus = shapes["root"] / "corpus"
     truth = {}
@@ -282,33 +279,7 @@ def test_chain_on_the_shapes_world_down_to_pretraining(shapes: dict, tmp_path: P
     index = json.loads((tmp_path / "shards" / "index.json").read_text())
     assert [s["samples"] for s in index["shards"]] == [8, 8]  # every accepted pair packed
 
-    pl.seed_everything(0)
-    dm = CorpusDataModule(
-        train=str(tmp_path / "shards"),
-        batch_size=8,
-        num_workers=0,
-        image_size=64,
-        max_text_len=48,
-        max_caption_len=64,
-        shuffle_buffer=8,
-    )
-    module = PretrainModule(
-        "namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"dropout": 0.0, "dim": 32, "heads": 2}
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=str(tmp_path / "run"),
-    )
-    trainer.fit(module, datamodule=dm)
-    assert trainer.global_step == 2
-    loss = trainer.callback_metrics.get("train/loss")
-    assert loss is not None and bool(loss.isfinite())
+    pretrain_two_steps(tmp_path / "shards", tmp_path / "run", batch_size=8, shuffle_buffer=8)
 
 
 def test_caption_an_image_index_counts_every_image(shapes: dict, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import scipy.ndimage  # noqa: F401 - imported at collection (2 s here), not inside the first timed test
 from PIL import Image, ImageDraw
+from pretrain_smoke import pretrain_two_steps
 
 from namc.curate.edits import region_captions, regions, remove, replace, shapes
 from namc.curate.edits.imgdiff_common import StepCounts
@@ -269,37 +270,9 @@ def test_removal_thresholds_reject_at_the_boundary(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_shapes_corpus_pretrains(tmp_path: Path) -> None:
-    import lightning.pytorch as pl
-
-    from namc.lit import PretrainModule
-    from namc.lit.datamodules import CorpusDataModule
 
     _pipeline(tmp_path, 24)
-    pl.seed_everything(0)
-    dm = CorpusDataModule(
-        train=str(tmp_path / "manifest.jsonl"),
-        batch_size=4,
-        num_workers=0,
-        image_size=64,
-        max_text_len=48,
-        max_caption_len=64,
-        shuffle_buffer=4,
-    )
-    module = PretrainModule(
-        "namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"dropout": 0.0, "dim": 32, "heads": 2}
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=str(tmp_path / "r"),
-    )
-    trainer.fit(module, datamodule=dm)
-    assert trainer.global_step == 2 and bool(trainer.callback_metrics["train/loss"].isfinite())
+    pretrain_two_steps(tmp_path / "manifest.jsonl", tmp_path / "r", batch_size=4, shuffle_buffer=4)
 
 
 @pytest.mark.parametrize("step", [replace, regions, region_captions, remove])

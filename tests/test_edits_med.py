@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from pretrain_smoke import pretrain_two_steps
 
 from namc.curate.edits import med, questions
 from namc.curate.edits import med_prompts as P
@@ -602,10 +603,6 @@ def test_edit_survives_sigkill_at_any_moment(tmp_path: Path, clip: dict[str, Pat
 
 @pytest.mark.slow
 def test_the_edit_corpus_pretrains(tmp_path: Path, clip: dict[str, Path]) -> None:
-    import lightning.pytorch as pl
-
-    from namc.lit import PretrainModule
-    from namc.lit.datamodules import CorpusDataModule
 
     index = shapes_index(tmp_path / "src", 40, seed=11)
     with LLMServer(answer=shapes_mllm) as server:
@@ -613,28 +610,6 @@ def test_the_edit_corpus_pretrains(tmp_path: Path, clip: dict[str, Path]) -> Non
             index, tmp_path / "med", ShapesEditor(), _similarity(clip), _config(server.url), progress=False
         )
     assert summary["pairs"] >= 8
-    pl.seed_everything(0)
-    dm = CorpusDataModule(
-        train=str(tmp_path / "med" / "manifest.jsonl"),
-        batch_size=4,
-        num_workers=0,
-        image_size=64,
-        max_text_len=64,
-        max_caption_len=64,
-        shuffle_buffer=8,
+    pretrain_two_steps(
+        tmp_path / "med" / "manifest.jsonl", tmp_path / "run", batch_size=4, shuffle_buffer=8, max_text_len=64
     )
-    module = PretrainModule(
-        "namc_tiny", tokenizer=dm.caption_tokenizer, overrides={"dropout": 0.0, "dim": 32, "heads": 2}
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=str(tmp_path / "run"),
-    )
-    trainer.fit(module, datamodule=dm)
-    assert trainer.global_step == 2 and bool(trainer.callback_metrics["train/loss"].isfinite())
