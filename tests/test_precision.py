@@ -35,7 +35,6 @@ from namc.backends.precision import (
 )
 from namc.backends.qconv import QuantStem, qconv_available
 from namc.backends.qlinear import KERNELS_ENV, DynamicLinear, int8_kernels
-from namc.backends.step import FusedFDG as FDG
 from namc.backends.step import fuse_decoder
 from namc.data.collate import pad_sequences
 from namc.describe_cli import main as describe_main
@@ -161,12 +160,10 @@ def test_a_pairs_caption_alone_and_in_a_batch(trained, precision):
 
 
 @pytest.mark.slow  # the trained fixture
-def test_fp32_is_a_view_of_the_model_itself(trained):
-    """fp32 copies nothing: a view that shares the model's modules and parameters, its decoder on the fused step."""
+def test_fp32_is_the_model_itself(trained):
+    """fp32 copies nothing and runs the model core: namc keeps no hand-written fp32 path."""
     model, images_1, images_2 = trained
-    view = inference_copy(model, "fp32")
-    assert view.mir is model.mir and view.grid is model.grid and view.fdg.tok.weight is model.fdg.tok.weight
-    assert isinstance(view.fdg, FDG) and type(model.fdg) is not FDG  # FDG here: the fused FDG of namc.backends.step
+    assert inference_copy(model, "fp32") is model
     cpu = namc.compile(model, "cpu")
     assert torch.equal(model.generate_ids(images_1, images_2), cpu.generate_ids(images_1, images_2))
 
