@@ -10,6 +10,8 @@ to ids: grid, MIR, prefill and decoding) and decoding alone (from E_MIR: the cro
 steps). [EOS] is switched off, so every row generates ``--max-new-tokens`` tokens (as ``namc benchmark``'s fixed
 length mode): tokens/s is batch x tokens over the time. The table gives the median over rounds, and the fastest.
 The first run is the reference of the ratios and of the ids column.
+``cpu+onnxruntime:int8`` is no backend but a measurement: the ``cpu`` backend's int8 encoder (its static int8 grid)
+feeding ONNX Runtime's int8 decoding graphs, the mix that retiring namc's own int8 decoding step would make.
 PyTorch runs ``--threads`` intra-op threads, each runtime as many; ``--omp-wait-policy`` is set before torch loads
 (passive, as ``namc benchmark`` measures; ONNX Runtime's threads then sleep too, namc.deploy.captioner).
 """
@@ -45,7 +47,7 @@ def _parse() -> argparse.Namespace:
             "openvino:int8",
         ],
         help="backend:precision pairs to time, the first the reference (default: torch:fp32 cpu:int8 "
-        "onnxruntime:fp32 openvino:fp32 onnxruntime:int8 openvino:int8)",
+        "onnxruntime:fp32 openvino:fp32 onnxruntime:int8 openvino:int8; also cpu+onnxruntime:int8)",
     )
     parser.add_argument("--omp-wait-policy", choices=("passive", "active"), default="passive")
     parser.add_argument("--work-dir", type=Path, default=None, help="where the model and its export go (a temp dir)")
@@ -138,6 +140,7 @@ def _captioners(model, folder: Path, work: Path, args: argparse.Namespace) -> di
     S = model.config.image_size
     calibration = [tuple(torch.rand(2, 16, 3, S, S, generator=torch.Generator().manual_seed(1)))]
     runs = [tuple(run.split(":", 1)) for run in args.runs]
+    exported = ("onnxruntime", "openvino", "cpu+onnxruntime")
     exports = {
         precision: export_onnx(
             folder,
@@ -145,18 +148,39 @@ def _captioners(model, folder: Path, work: Path, args: argparse.Namespace) -> di
             precision=precision,
             calibration=calibration if precision == "int8" else None,
         )
-        for precision in sorted({p for b, p in runs if b in ("onnxruntime", "openvino")})
+        for precision in sorted({p for b, p in runs if b in exported})
     }
     captioners = {}
     for backend, precision in runs:
-        if backend in ("onnxruntime", "openvino"):  # one export for both runtimes
-            captioners[(backend, precision)] = load_captioner(exports[precision], backend, threads=args.threads)
-            captioners[(backend, precision)].eos_id = -1  # every row runs every step, as length_mode("fixed")
-        else:
-            captioners[(backend, precision)] = namc.compile(model, backend, precision)
-            if backend == "cpu" and precision == "int8":  # its static int8 grid, as the ONNX int8 encoder's
-                captioners[(backend, precision)].calibrate_int8([torch.cat(calibration[0])])
+        key = (backend, precision)
+        if backend in exported:  # one export for both runtimes
+            captioners[key] = load_captioner(exports[precision], backend.removeprefix("cpu+"), threads=args.threads)
+            captioners[key].eos_id = -1  # every row runs every step, as length_mode("fixed")
+        if backend in ("cpu", "cpu+onnxruntime") or backend not in exported:
+            encoder = namc.compile(model, backend.removesuffix("+onnxruntime"), precision)
+            if encoder.backend == "cpu" and precision == "int8":  # its static int8 grid, as the ONNX int8 encoder's
+                encoder.calibrate_int8([torch.cat(calibration[0])])
+            captioners[key] = _Mixed(encoder, captioners[key]) if backend == "cpu+onnxruntime" else encoder
     return captioners
+
+
+class _Mixed:
+    """The ``cpu`` backend's int8 encoder, then ONNX Runtime's int8 decoding graphs (``decode``)."""
+
+    def __init__(self, encoder, decoder) -> None:
+        self.encoder, self.decoder = encoder, decoder
+
+    def generate_ids(self, images_1, images_2, n: int):
+        import torch
+
+        from namc.backends.precision import precision_context
+
+        with torch.inference_mode(), precision_context(self.encoder.model, "int8", self.encoder.device) as model:
+            memory = model.encode_pair(images_1, images_2)
+        return self.decoder.decode(memory, n)
+
+    def decode(self, memory, n: int):
+        return self.decoder.decode(memory, n)
 
 
 def _write_report(

@@ -41,6 +41,7 @@ DEMO_MODEL = {"dim": 32, "heads": 2}  # the width `namc demo` trains namc_tiny a
 GPU = RESULTS / "h100-namc_base-vs-clip4idc"  # what benchmarks/gpu.sh writes
 EPYC_AVX2 = "2 cores of an AMD EPYC with AVX2 (no AVX-512, VNNI or AMX)"
 BACKENDS_SPEED = RESULTS / "epyc-avx2-backends"  # runN.json, benchmarks/bench_backends.py --out
+INT8_DECODER = RESULTS / "epyc-avx2-int8-decoder"  # runN.json, bench_backends.py --runs ... cpu+onnxruntime:int8
 BACKENDS_PEER = RESULTS / "epyc-avx2-backends-peer" / "report.json"  # namc benchmark --backend ... --reference clip4idc
 BACKENDS_QUALITY = RESULTS / "epyc-avx2-backend-quality" / "demo_seed0.json"  # benchmarks/bench_backend_quality.py
 GPU_CAPTIONS = RESULTS / "h100-caption-agreement"
@@ -661,10 +662,10 @@ def preference(part: str, scores: str) -> str:
     return markdown(header, rows, compact=True)
 
 
-def backend_speed() -> str:
+def backend_speed(folder: Path = BACKENDS_SPEED) -> str:
     """performance.md: namc_base through namc.compile on every backend x precision, each run's median tokens/s and
-    its time against the first run's, interleaved in one process (bench_backends.py)."""
-    reports = [load(path) for path in sorted(BACKENDS_SPEED.glob("run*.json"))]
+    its time against the first run's, interleaved in one process (bench_backends.py; its reports in ``folder``)."""
+    reports = [load(path) for path in sorted(folder.glob("run*.json"))]
     first = reports[0]
     n = first["max_new_tokens"]
     rows = []
@@ -954,6 +955,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "parameters": parameters,
     "curation": curation,
     "backend-speed": backend_speed,
+    "int8-decoder": lambda: backend_speed(INT8_DECODER),
     "backend-peer": backend_peer,
     "backend-quality": backend_quality,
     "thresholds": thresholds,
@@ -1009,6 +1011,7 @@ FILES = {  # which tables each file holds
         "parameters",
         "curation",
         "backend-speed",
+        "int8-decoder",
         "backend-peer",
         "backend-quality",
         "thresholds",

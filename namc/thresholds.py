@@ -35,7 +35,7 @@ INT8_MIN_WEIGHT = 1 << 13
 #: elements (4 MB of fp32 keys a layer): reading half the bytes pays from there, below fp32's fused kernel is as fast
 CROSS_KV_BF16_MIN = 1 << 20
 
-# One thread or all (namc.backends.threads): under OMP_WAIT_POLICY=PASSIVE a second thread sleeps between parallel
+# One thread or all (namc.kernels.run): under OMP_WAIT_POLICY=PASSIVE a second thread sleeps between parallel
 # regions, and waking it costs more than a small product gains from it.
 
 #: a product of fewer FLOPs than its kind's value runs on one thread (attention: 4 B H Q S E FLOPs); each sits at or

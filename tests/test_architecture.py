@@ -28,6 +28,7 @@ RANKS = {
     "jsonl": 0,  # the bounded JSON reader and the JSONL writer: imports nothing of namc
     "locks": 0.5,  # one owner per output folder: imports only namc.jsonl
     "paths": 0,  # file references kept inside their folder: imports nothing of namc
+    "kernels": 0.5,  # PyTorch's private CPU kernels and the per-call thread count: imports only namc.thresholds
     "yamltext": 0,  # the bounded YAML reader: imports nothing of namc
     "text": 1,
     "models": 2,  # the architecture in eager PyTorch: imports no runtime (namc.backends)
@@ -163,6 +164,85 @@ def test_the_table_of_thresholds_imports_nothing() -> None:
     """namc.thresholds sits under every layer, so it may import nothing at all (not even torch)."""
     imported = {target for target, _, _ in _imports(PACKAGE / "thresholds.py")}
     assert imported <= {"__future__", "__future__.annotations"}, imported
+
+
+# PyTorch's private CPU interfaces: called in namc.kernels only (what a PyTorch release may change, in one file)
+PRIVATE = ("torch.ops.mkldnn", "torch.ops.onednn", "torch.ops.quantized", "torch.ao", "torch.cpu._")
+KERNELS = PACKAGE / "kernels.py"
+# the thread count changes inside a forward in namc.kernels only; a benchmark sets it once for its run
+SETS_THREADS = (KERNELS, PACKAGE / "eval" / "throughput" / "harness.py")
+
+
+def _dotted(node: ast.AST) -> str:
+    """``torch.ops.mkldnn._linear_pointwise`` for that attribute chain, ``getattr(torch.cpu, "_x")`` as
+    ``torch.cpu._x``; "" for anything else."""
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else ""
+    if isinstance(node, ast.Name):
+        return node.id
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+    ):
+        base = _dotted(node.args[0])
+        return f"{base}.{node.args[1].value}" if base else ""
+    return ""
+
+
+def _private_uses(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every private torch interface and thread-count change ``source`` reaches."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [_dotted(node)]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for name in names:
+            if name.startswith(PRIVATE) or name == "torch.set_num_threads":
+                found.append((node.lineno, name))
+    # the longest chain of each line: torch.ops.mkldnn.x, not also torch.ops.mkldnn
+    return sorted({(ln, n) for ln, n in found if not any(m != n and m.startswith(n) and k == ln for k, m in found)})
+
+
+def test_private_torch_kernels_are_called_in_one_module() -> None:
+    outside = [
+        f"{path.relative_to(ROOT)}:{line} {name}"
+        for path in FILES
+        if path != KERNELS
+        for line, name in _private_uses(path.read_text())
+        if not (name == "torch.set_num_threads" and path in SETS_THREADS)
+    ]
+    assert not outside, f"call these through namc.kernels: {outside}"
+    assert {name.rsplit(".", 1)[0] for _, name in _private_uses(KERNELS.read_text())} >= {
+        "torch.ops.mkldnn",
+        "torch.ops.onednn.qconv2d_pointwise",
+        "torch.ops.quantized",
+    }
+
+
+def test_the_private_use_check_finds_each_form() -> None:
+    source = """
+import torch.ao.quantization
+from torch.ao import nn
+torch.ops.mkldnn._linear_pointwise(x)
+y = getattr(torch.cpu, "_is_vnni_supported", None)
+hasattr(torch.ops.quantized, "linear_dynamic")
+torch.set_num_threads(1)
+torch.ops.aten.gelu_(x)
+torch.get_num_threads()
+"""
+    names = [name for _, name in _private_uses(source)]
+    assert names == [
+        "torch.ao.quantization",
+        "torch.ao",
+        "torch.ops.mkldnn._linear_pointwise",
+        "torch.cpu._is_vnni_supported",
+        "torch.ops.quantized.linear_dynamic",
+        "torch.set_num_threads",
+    ], names
 
 
 # Size by concept: a function's branches and statements are bounded by ruff (C901, PLR0915; pyproject.toml); a module

@@ -1,4 +1,4 @@
-"""namc.backends.threads: small products on one thread where OpenMP's idle threads sleep, the same results either way.
+"""namc.kernels: small products on one thread where OpenMP's idle threads sleep, the same results either way.
 
 OpenMP reads ``OMP_WAIT_POLICY`` when torch loads, so each policy runs in a fresh interpreter (slow); the same
 probes also run in this process with the module's reading of the policy set by hand."""
@@ -12,27 +12,28 @@ import sys
 import pytest
 import torch
 
-from namc.backends import threads
+from namc import kernels
 
 PROBE = """
 import torch
-from namc.backends import threads
+from namc import kernels
 torch.set_num_threads(2)
 calls = [("int8", 1e6), ("int8", 1e9), ("bf16", 1e6), ("fp32", 1e6), ("sdpa_fp32", 1e8), ("layer_norm", 24576),
          ("gelu", 98304), ("layer_norm", 1e6), ("argmax", 32 * 49409), ("argmax", 128 * 49409)]
-seen = [threads.run(kind, flops, torch.get_num_threads) for kind, flops in calls]
+seen = [kernels.run(kind, flops, torch.get_num_threads) for kind, flops in calls]
 try:
-    with threads.one_thread():
+    with kernels.one_thread():
         raise KeyError("inside")
 except KeyError:
     pass
-print(threads.idle_threads_sleep(), seen, torch.get_num_threads())
+print(kernels.idle_threads_sleep(), seen, torch.get_num_threads())
 """
 
 SAME = """
 import copy
 import torch
-from namc.backends import onednn, threads
+from namc import kernels
+from namc.backends import onednn
 from namc.backends.step import FusedFDG as FDG
 from namc.models.fdg import FDGConfig
 from namc.backends.step import InplaceGELU as GELU
@@ -51,10 +52,10 @@ int8 = copy.deepcopy(fdg)
 int8.pack_step("int8")
 out = {}
 for sleep in (True, False):
-    threads._SLEEP[:] = [sleep]
+    kernels._SLEEP[:] = [sleep]
     out[sleep] = (layer(x), onednn.dense(x, w), fdg.generate(memory, 8), int8.generate(memory, 8), norm(x),
                   GELU()(h.clone()), first_max_index(logits))
-print(threads.serial(2.0 * 3 * 96, "int8"), all(torch.equal(a, b) for a, b in zip(out[True], out[False])))
+print(kernels.serial(2.0 * 3 * 96, "int8"), all(torch.equal(a, b) for a, b in zip(out[True], out[False])))
 """
 
 
@@ -96,35 +97,35 @@ def test_one_thread_gives_the_same_results():
 def test_the_thread_rule_in_this_process(sleep: bool, expected: str, capsys: pytest.CaptureFixture) -> None:
     """The probe above, run here with the policy this module read from the environment set either way: the same
     choices per kind and size, and the caller's thread count back after an exception."""
-    saved, count = list(threads._SLEEP), torch.get_num_threads()
-    threads._SLEEP[:] = [sleep]
+    saved, count = list(kernels._SLEEP), torch.get_num_threads()
+    kernels._SLEEP[:] = [sleep]
     try:
         exec(PROBE, {})
     finally:
-        threads._SLEEP[:] = saved
+        kernels._SLEEP[:] = saved
         torch.set_num_threads(count)
     assert capsys.readouterr().out.strip() == expected
 
 
 def test_the_policy_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    saved = list(threads._SLEEP)
+    saved = list(kernels._SLEEP)
     try:
         for value, sleeps in (("PASSIVE", True), (" passive ", True), ("ACTIVE", False), ("", False)):
-            threads._SLEEP.clear()
+            kernels._SLEEP.clear()
             monkeypatch.setenv("OMP_WAIT_POLICY", value)
-            assert threads.idle_threads_sleep() is sleeps, value
+            assert kernels.idle_threads_sleep() is sleeps, value
             monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE" if not sleeps else "ACTIVE")
-            assert threads.idle_threads_sleep() is sleeps  # read once: OpenMP does not look again either
+            assert kernels.idle_threads_sleep() is sleeps  # read once: OpenMP does not look again either
     finally:
-        threads._SLEEP[:] = saved
+        kernels._SLEEP[:] = saved
 
 
 def test_one_thread_gives_the_same_results_in_this_process(capsys: pytest.CaptureFixture) -> None:
     """The comparison above without the fresh interpreter (both settings of the rule are set by hand there too)."""
-    saved, count = list(threads._SLEEP), torch.get_num_threads()
+    saved, count = list(kernels._SLEEP), torch.get_num_threads()
     try:
         exec(SAME, {})
     finally:
-        threads._SLEEP[:] = saved
+        kernels._SLEEP[:] = saved
         torch.set_num_threads(count)
     assert capsys.readouterr().out.strip() == "False True"

@@ -505,7 +505,7 @@ def test_converted_peer_runs_every_linear_map_converted(precision: str) -> None:
     assert linear_form(low, encoder=True) == encoder and linear_form(peer, encoder=True) == "fp32"
     used = [low.clip.visual, low.cross, low.decoder, low.transform, low.head]
     assert not [m for part in used for m in part.modules() if isinstance(m, (nn.Linear, nn.MultiheadAttention))]
-    # its LayerNorms and GELUs are namc's, with namc's rule for small inputs (namc.backends.threads)
+    # its LayerNorms and GELUs are namc's, with namc's rule for small inputs (namc.kernels)
     norms = [m for m in low.modules() if isinstance(m, (nn.LayerNorm, nn.GELU))]
     assert len(norms) > 40 and all(type(m) in (LayerNorm, GELU) for m in norms)
     assert all(isinstance(layer.activation, GELU) for layer in low.decoder)

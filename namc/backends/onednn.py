@@ -1,8 +1,8 @@
 """oneDNN's kernels where PyTorch's default path leaves speed behind on a CPU: fused convolutions for the frozen
 ResNet grid of an inference copy (:mod:`namc.backends.precision`), and the skinny matrix products of FDG's decoding
 step (:func:`dense`, with matrices prepacked by :func:`pack_linear`). These are private ``torch.ops.mkldnn`` ops, the
-ones inductor emits: each is probed once against the public op (:func:`conv_available`, :func:`linear_available`)
-and the public path is taken where the probe fails.
+ones inductor emits, called through :mod:`namc.kernels`: each is probed once against the public op
+(:func:`conv_available`, :func:`linear_available`) and the public path is taken where the probe fails.
 
 **Convolutions.**
 
@@ -10,7 +10,7 @@ Once BatchNorm is folded (:meth:`~namc.backends.grid.fold_batchnorm`), a ResNet 
 conv -> ReLU -> conv -> + shortcut -> ReLU. Run module by module, every ReLU and every residual addition is a pass of
 its own over the activations, together about as long as the convolutions themselves (docs/performance.md).
 :func:`fuse_resnet` replaces the stem and every block with modules that call oneDNN's fused kernels
-(``torch.ops.mkldnn._convolution_pointwise``, the kernels inductor's freezing pass emits): convolution + ReLU, and
+(:func:`namc.kernels.conv`, the kernels inductor's freezing pass emits): convolution + ReLU, and
 convolution + shortcut addition + ReLU, with weights laid out once per input shape in oneDNN's blocked format (see
 :class:`FusedConv`). The output is the same up to rounding.
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.backends import threads
+from namc import kernels
 from namc.thresholds import BF16_MIN_WEIGHT
 
 __all__ = [
@@ -129,7 +129,7 @@ class FusedConv(nn.Module):
         self.relu = relu
 
     def _layout(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.ops.mkldnn._reorder_convolution_weight(self.plain, *self.geometry, list(shape))
+        return kernels.reorder_conv_weight(self.plain, self.geometry, shape)
 
     def weight_for(self, x: torch.Tensor) -> torch.Tensor:
         """The weights laid out for inputs of ``x``'s shape (made on the first call with that shape)."""
@@ -139,12 +139,8 @@ class FusedConv(nn.Module):
         x = x.to(self.dtype)
         weight = self.weight_for(x)
         if shortcut is None:
-            attr = "relu" if self.relu else "none"
-            return torch.ops.mkldnn._convolution_pointwise(x, weight, self.bias, *self.geometry, attr, [], "")
-        unary = "relu" if self.relu else None
-        return torch.ops.mkldnn._convolution_pointwise.binary(
-            x, shortcut.to(self.dtype), weight, self.bias, *self.geometry, "add", None, unary, [], ""
-        )
+            return kernels.conv(x, weight, self.bias, self.geometry, self.relu)
+        return kernels.conv_add(x, shortcut.to(self.dtype), weight, self.bias, self.geometry, self.relu)
 
     def extra_repr(self) -> str:
         padding, stride, dilation, groups = self.geometry
@@ -236,7 +232,7 @@ def is_packed(weight: torch.Tensor | nn.Module) -> bool:
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (out, in) reordered into oneDNN's blocked layout for :func:`dense` (an opaque mkldnn tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight)
+    return kernels.reorder_linear_weight(weight)
 
 
 class OneDNNLinear(nn.Module):
@@ -270,10 +266,7 @@ def bf16_supported() -> bool:
     """
     global _BF16_OK
     if _BF16_OK is None:
-        try:
-            _BF16_OK = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            _BF16_OK = False
+        _BF16_OK = kernels.onednn_bf16()
     return _BF16_OK
 
 
@@ -288,8 +281,7 @@ def amx_bf16() -> bool:
     this torch build lacks the (private) check."""
     global _AMX_OK
     if _AMX_OK is None:
-        check = getattr(torch.cpu, "_is_amx_tile_supported", None)
-        _AMX_OK = check is not None and bool(check()) and bf16_supported()
+        _AMX_OK = kernels.amx_tiles() and bf16_supported()
     return _AMX_OK
 
 
@@ -297,7 +289,7 @@ _AMX_OK: bool | None = None
 
 
 def linear_available() -> bool:
-    """Whether this torch build has oneDNN's linear kernel (``torch.ops.mkldnn._linear_pointwise``) and it works.
+    """Whether this torch build has oneDNN's linear kernel (:func:`namc.kernels.linear`) and it works.
 
     Checked once, on tiny tensors against ``F.linear``; a build without oneDNN, or one where the private op changed,
     makes :func:`dense` fall back to ``F.linear``.
@@ -307,7 +299,7 @@ def linear_available() -> bool:
         try:
             x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
             with torch.inference_mode(), _fp32():
-                y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+                y = kernels.linear(x, w, b)
                 _LINEAR_OK = bool(
                     torch.backends.mkldnn.is_available() and torch.allclose(y, F.linear(x, w, b), atol=1e-5)
                 )
@@ -322,7 +314,7 @@ _LINEAR_OK: bool | None = None
 def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` of (b, D_in) inputs during generation (``weight`` a packed int8 layer: that layer's call; a
     prepacked oneDNN bf16 matrix: oneDNN's kernel on it). A product too small to gain from a second thread that
-    would have to be woken runs on one (:mod:`namc.backends.threads`)."""
+    would have to be woken runs on one (:func:`namc.kernels.run`)."""
     if isinstance(weight, nn.Module):
         return weight(x.float()).to(x.dtype)
     if is_packed(weight):  # prepacked by FusedFDG.pack_step("bf16"); outside autocast's reach, so cast here
@@ -330,21 +322,17 @@ def dense(x: torch.Tensor, weight: torch.Tensor | nn.Module, bias: torch.Tensor 
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     x = x.to(weight.dtype)  # a bf16 copy mixes bf16 and fp32 matrices (bf16_worthwhile) and runs without autocast
-    return threads.run(_kind(weight), 2.0 * x.numel() * weight.shape[0], F.linear, x, weight, bias)
+    return kernels.run(_kind(weight), 2.0 * x.numel() * weight.shape[0], F.linear, x, weight, bias)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """oneDNN's linear kernel on a CPU ``weight`` (fp32 as it is, or bf16 prepacked by :func:`pack_linear`), ``x``
     cast to its dtype; on one thread where the product is too small to pay for waking a second
-    (:mod:`namc.backends.threads`)."""
-    return threads.run(
-        _kind(weight), 2.0 * x.numel() * weight.shape[0], _onednn_linear, x.to(weight.dtype), weight, bias
+    (:func:`namc.kernels.run`)."""
+    return kernels.run(
+        _kind(weight), 2.0 * x.numel() * weight.shape[0], kernels.linear, x.to(weight.dtype), weight, bias
     )
 
 
 def _kind(weight: torch.Tensor) -> str:
     return "bf16" if weight.dtype == torch.bfloat16 else "fp32"
-
-
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")

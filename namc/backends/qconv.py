@@ -4,7 +4,7 @@ The grid is more than half of the end-to-end time (namc_base in bf16 at batch 32
 convolution runs about twice as fast as the same one in bf16; on an AVX2 CPU without VNNI or bf16, up to three times
 as fast as fp32 (docs/performance.md). This is the scheme PyTorch's x86 static flow (PT2E with
 ``X86InductorQuantizer``) lowers to, without ``torch.export`` or inductor: the same oneDNN kernels
-(``torch.ops.onednn.qconv2d_pointwise``), called from modules.
+(``onednn::qconv2d_pointwise``, through :mod:`namc.kernels`), called from modules.
 
 - Weights: int8, symmetric, one scale per output channel (BatchNorm folded first).
 - Activations: uint8 (every quantised activation follows a ReLU), one static scale per tensor, ``max / 255`` of what
@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from namc import kernels
 from namc.backends.onednn import FusedBlock, FusedConv, ShapeCache
 from namc.backends.qlinear import affine_codes, full_range, int8_kernels
 from namc.models.calibration import block_peaks
@@ -116,8 +117,7 @@ class QuantConv(nn.Module):
         self.codes = torch.round(weight / self.w_scales[:, None, None, None]).clamp(-128, 127).to(torch.int8)
         self.w_zero = torch.zeros(weight.shape[0], dtype=torch.int64)
         self.bias = None if conv.bias is None else conv.bias.float()
-        padding, stride, dilation, groups = conv.geometry
-        self.geometry = (stride, padding, dilation, groups)  # the order of the quantised ops' arguments
+        self.geometry = conv.geometry  # padding, stride, dilation, groups
         self.in_scale, self.out_scale, self.out_zero, self.relu = float(in_scale), out_scale, out_zero, conv.relu
         self.in_zero = in_zero
         if out_max < 255 and (out_scale is None or out_zero or not conv.relu):
@@ -127,26 +127,22 @@ class QuantConv(nn.Module):
 
     def _layout(self, shape: tuple[int, ...]) -> torch.Tensor:
         w, scales = self.codes, self.w_scales
-        return torch.ops.onednn.qconv_prepack(w, scales, self.in_scale, self.in_zero, *self.geometry, list(shape))
+        return kernels.pack_int8_conv(w, scales, self.in_scale, self.in_zero, self.geometry, list(shape))
 
     def forward(
         self, qx: torch.Tensor, accum: torch.Tensor | None = None, accum_scale: float = 1.0, accum_zero: int = 0
     ) -> torch.Tensor:
         weight = self.layouts.for_shape(tuple(qx.shape))
-        head = (qx, self.in_scale, self.in_zero, weight, self.w_scales, self.w_zero, self.bias, *self.geometry)
+        x = (qx, self.in_scale, self.in_zero)
+        w = (weight, self.w_scales, self.w_zero, self.bias, self.geometry)
         out = (1.0, 0, torch.float32) if self.out_scale is None else (self.out_scale, self.out_zero, None)
         if accum is None:
-            if self.out_max < 255:
-                clamp = [0.0, self.out_max * self.out_scale]
-                return torch.ops.onednn.qconv2d_pointwise(*head, *out, "hardtanh", clamp, "")
-            attr = "relu" if self.relu else "none"
-            return torch.ops.onednn.qconv2d_pointwise(*head, *out, attr, [], "")
+            if self.out_max < 255:  # a ReLU clamped at the top code (oneDNN's hardtanh)
+                return kernels.int8_conv(*x, *w, out, clamp=(0.0, self.out_max * self.out_scale))
+            return kernels.int8_conv(*x, *w, out, relu=self.relu)
         if (accum.dtype == torch.uint8) != (self.out_scale is not None):
             raise ValueError("a uint8 shortcut needs a uint8 output and an fp32 one an fp32 output")
-        head = (*head[:6], accum, *head[6:])
-        unary = "relu" if self.relu else None
-        shortcut = (accum_scale, accum_zero, "sum", 1.0)
-        y = torch.ops.onednn.qconv2d_pointwise.binary(*head, *out, *shortcut, unary, [], "")
+        y = kernels.int8_conv_add(*x, accum, accum_scale, accum_zero, *w, out, self.relu)
         return y if self.out_max >= 255 else y.clamp_(max=self.out_max)
 
     def extra_repr(self) -> str:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from namc.backends import threads
+from namc import kernels as cpu_kernels
 from namc.models.fusion import ConcatFusion, DifferenceFusion
 from namc.thresholds import INT8_MIN_WEIGHT  # read at each call: patchable here
 
@@ -81,8 +81,7 @@ def int8_kernels() -> str:
     if choice not in ("", "quantized", "plain"):
         raise ValueError(f"{KERNELS_ENV}={choice!r}: expected 'quantized' or 'plain'")
     if _QUANTIZED_OPS is None:
-        ops = ("linear_prepack", "linear_dynamic", "linear_unpack")
-        _QUANTIZED_OPS = all(hasattr(torch.ops.quantized, op) for op in ops) and hasattr(torch, "quantize_per_channel")
+        _QUANTIZED_OPS = cpu_kernels.quantized_ops()
     if choice == "quantized" and not _QUANTIZED_OPS:
         raise RuntimeError(f"{KERNELS_ENV}=quantized: this torch ({torch.__version__}) has no quantised int8 kernels")
     return choice or ("quantized" if _QUANTIZED_OPS else "plain")
@@ -91,8 +90,7 @@ def int8_kernels() -> str:
 def full_range() -> bool:
     """Whether dynamic int8 layers quantise activations to 8 bits: on a CPU with VNNI (int32 accumulation). A torch
     build without the (private) check keeps PyTorch's 7 bits."""
-    check = getattr(torch.cpu, "_is_vnni_supported", None)
-    return bool(check()) if check is not None else False
+    return cpu_kernels.vnni()
 
 
 def weight_scales(weight: torch.Tensor) -> torch.Tensor:
@@ -174,10 +172,10 @@ class DynamicLinear(nn.Module):
         bias = None if bias is None else bias.detach().float().clone()
         self.has_bias = bias is not None
         if self.kernels == "quantized":
-            self.packed = torch.ops.quantized.linear_prepack(quantize_weight(weight), bias)
+            self.packed = cpu_kernels.pack_dynamic_int8(quantize_weight(weight), bias)
         else:
             codes, self.w_scales = weight_codes(weight)
-            self.onednn_weight = _Packed(torch.ops.onednn.qlinear_prepack(codes, None))
+            self.onednn_weight = _Packed(cpu_kernels.pack_int8_linear(codes))
             self.w_zero = torch.zeros(self.out_features, dtype=torch.int64)
             self.plain_bias = bias
 
@@ -186,38 +184,25 @@ class DynamicLinear(nn.Module):
         return cls(layer.weight, layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return threads.run("int8", 2.0 * x.numel() * self.out_features, self._forward, x)
+        return cpu_kernels.run("int8", 2.0 * x.numel() * self.out_features, self._forward, x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if DynamicLinear._full_range is None:
             DynamicLinear._full_range = full_range()
         if self.kernels == "quantized":
-            y = torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range=not DynamicLinear._full_range)
+            y = cpu_kernels.dynamic_int8_linear(x, self.packed, reduce_range=not DynamicLinear._full_range)
             return y.to(x.dtype)
         rows = x.reshape(-1, self.in_features).float()
         codes, scale, zero = quantize_activations(rows, 256 if DynamicLinear._full_range else 128)
-        y = torch.ops.onednn.qlinear_pointwise(
-            codes,
-            scale,
-            zero,
-            self.onednn_weight.tensor,
-            self.w_scales,
-            self.w_zero,
-            self.plain_bias,
-            1.0,
-            0,
-            torch.float32,
-            "none",
-            [],
-            "",
-        )
+        weight = self.onednn_weight.tensor
+        y = cpu_kernels.int8_linear(codes, scale, zero, weight, self.w_scales, self.w_zero, self.plain_bias)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def weight(self) -> torch.Tensor:
         """The qint8 weight (``.dequantize()`` gives its fp32 values); the quantised kernels only."""
         if self.kernels != "quantized":
             raise RuntimeError("the plain kernels keep their weight packed for oneDNN only")
-        return torch.ops.quantized.linear_unpack(self.packed)[0]
+        return cpu_kernels.unpack_dynamic_int8(self.packed)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, {self.kernels}"

@@ -10,7 +10,7 @@ as they are:
   (:func:`~namc.backends.onednn.dense`); :meth:`FusedFDG.pack_step` keeps an int8 or bf16 copy's matrices prepared
   once;
 - :class:`ThreadedLayerNorm` and :class:`InplaceGELU`, the blocks' LayerNorm and GELU on one thread where their input
-  is small (:mod:`namc.backends.threads`), the GELU in place;
+  is small (:func:`namc.kernels.run`), the GELU in place;
 - :func:`first_max_index`, the greedy pick's blocked argmax.
 
 Size: over the soft budget, because the fused step, its weights and the kernels' choices are one unit that reads
@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from namc.backends import onednn, threads
+from namc import kernels
+from namc.backends import onednn
 from namc.backends.qlinear import int8_linear, int8_worthwhile
 from namc.models.fdg import FDG
 from namc.models.layers import KVCache
@@ -69,11 +70,11 @@ def attend_sized(
     attend: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs
 ) -> torch.Tensor:
     """``attend(q, k, v, ...)`` (:func:`attend_one` or ``F.scaled_dot_product_attention``), on one thread where its
-    4 B H Q S E FLOPs are too few to pay for waking a second (:mod:`namc.backends.threads`)."""
+    4 B H Q S E FLOPs are too few to pay for waking a second (:func:`namc.kernels.run`)."""
     if not q.is_cpu:
         return attend(q, k, v, *args, **kwargs)
     kind = "attend_one" if attend is attend_one else ("sdpa_bf16" if q.dtype == torch.bfloat16 else "sdpa_fp32")
-    return threads.run(kind, 4.0 * q.numel() * k.shape[-2], attend, q, k, v, *args, **kwargs)
+    return kernels.run(kind, 4.0 * q.numel() * k.shape[-2], attend, q, k, v, *args, **kwargs)
 
 
 # 4 B H S E FLOPs of one query per row and head from which attend_step takes attend_one for bf16 keys and values:
@@ -133,21 +134,21 @@ class InplaceGELU(nn.GELU):
         ):
             torch.ops.aten.gelu_(x.view(2, -1).t(), approximate=self.approximate)  # not contiguous: ATen's kernel
             return x
-        if x.is_cpu:  # oneDNN's kernel, on one thread where it is small (threads.SERIAL_ELEMENTS)
-            return threads.run("gelu", x.numel(), torch.ops.aten.gelu_, x, approximate=self.approximate)
+        if x.is_cpu:  # oneDNN's kernel, on one thread where it is small (kernels.SERIAL_ELEMENTS)
+            return kernels.run("gelu", x.numel(), torch.ops.aten.gelu_, x, approximate=self.approximate)
         return torch.ops.aten.gelu_(x, approximate=self.approximate)
 
 
 class ThreadedLayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` that runs on one thread where its input is small and OpenMP's idle threads sleep
-    (:mod:`namc.backends.threads`): PyTorch's CPU kernel opens a parallel region over the rows from a few rows up,
+    (:func:`namc.kernels.run`): PyTorch's CPU kernel opens a parallel region over the rows from a few rows up,
     and waking the second thread costs more than normalising a decoding step's states (a 32 x 768 input normalises
     about 4x faster on one thread under ``OMP_WAIT_POLICY=PASSIVE``). The same parameters, state dict and values.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cpu:
-            return threads.run("layer_norm", x.numel(), super().forward, x)
+            return kernels.run("layer_norm", x.numel(), super().forward, x)
         return super().forward(x)
 
 
@@ -318,7 +319,7 @@ class FusedFDG(FDG):
 
         - ``"int8"``: dynamic int8 layers (per-channel weight scales, activations quantised per call).
         - ``"bf16"``: on a CPU with oneDNN, the bf16 matrices reordered once into oneDNN's blocked layout
-          (``torch.ops.mkldnn._reorder_linear_weight``); fp32 ones (too small to gain from bf16,
+          (:func:`namc.kernels.reorder_linear_weight`); fp32 ones (too small to gain from bf16,
           :func:`~namc.backends.onednn.bf16_worthwhile`) stay. A plain bf16 weight is reordered at every call, which
           for namc_base's 49409 x 768 vocabulary costs more than the product from batch 8. Without oneDNN, or where
           it has no bf16 here (:func:`~namc.backends.onednn.bf16_supported`), nothing changes.
@@ -406,7 +407,7 @@ def first_max_index(x: torch.Tensor) -> torch.Tensor:
     :data:`~namc.thresholds.ARGMAX_MIN_ROWS` rows this is faster than ``max`` on fp32 logits (up to 4x); one row
     keeps ``max``, as fast there. bf16 logits keep ``max`` too: their ``amax`` gains too little to pay
     (docs/performance.md). The small reductions run on one thread where idle threads sleep
-    (:mod:`namc.backends.threads`, ``argmax``)."""
+    (:func:`namc.kernels.run`, ``argmax``)."""
     b, V = x.shape
     if (
         x.device.type != "cpu"
@@ -416,7 +417,7 @@ def first_max_index(x: torch.Tensor) -> torch.Tensor:
         or x.stride(-1) != 1
     ):
         return x.max(dim=-1).indices
-    return threads.run("argmax", x.numel(), _blocked_first_max, x)
+    return kernels.run("argmax", x.numel(), _blocked_first_max, x)
 
 
 def _blocked_first_max(x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ Both runtimes run on the CPU, an int8 export's quantised graphs (:mod:`namc.depl
 rest in fp32: OpenVINO is told so (``INFERENCE_PRECISION_HINT``), since on a CPU with bf16 it would otherwise compute
 in bf16. ``threads`` sets each runtime's intra-op threads (None: the runtime's default);
 where ``OMP_WAIT_POLICY=passive`` is set, ONNX Runtime's idle threads sleep too instead of spinning, as PyTorch's
-OpenMP threads do (:mod:`namc.backends.threads`).
+OpenMP threads do (:mod:`namc.kernels`).
 """
 
 from __future__ import annotations

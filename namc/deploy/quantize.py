@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from namc import kernels
 from namc.thresholds import INT8_MIN_WEIGHT
 
 __all__ = ["INT8_SETTINGS", "cpu_capability", "quantize_export"]
@@ -45,8 +46,7 @@ INT8_SETTINGS: dict[str, dict[str, Any]] = {
 
 def cpu_capability() -> str:
     """``vnni`` where this CPU has VNNI (int32 accumulation of int8 products), else ``avx2``."""
-    check = getattr(torch.cpu, "_is_vnni_supported", None)
-    return "vnni" if check is not None and check() else "avx2"
+    return "vnni" if kernels.vnni() else "avx2"
 
 
 class _PairReader:

@@ -6,7 +6,7 @@ CPU threads: OpenMP's default lets idle worker threads spin. On a machine shared
 ``OMP_WAIT_POLICY=PASSIVE`` (docs/performance.md). ``--omp-wait-policy passive`` re-runs the harness in a child process
 with it set (OpenMP reads it only when torch loads; options are parsed and checked without torch, so the parent process
 never loads it); every report records the threading variables in ``machine.env``. Under it, namc and the peer alike run
-products too small to pay for waking a second thread on one (:mod:`namc.backends.threads`).
+products too small to pay for waking a second thread on one (:mod:`namc.kernels`).
 
 Memory: ``--allocator reuse`` first makes glibc's allocator keep freed memory for reuse
 (:func:`namc.runtime.reuse_freed_memory`, measured there); the default, ``system``, leaves it as it is.

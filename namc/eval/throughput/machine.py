@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from namc import kernels
 from namc.backends import onednn
 from namc.backends.qlinear import full_range, int8_kernels
 from namc.eval.throughput.settings import THREADING_ENV
@@ -88,7 +89,7 @@ def measure_matmul(
 ) -> dict[str, Any]:
     """FLOP/s of a square ``size`` x ``size`` GEMM (2 size^3 FLOPs per call), in the precision the decoder runs.
 
-    On a CPU in float32 the oneDNN kernel (``torch.ops.mkldnn._linear_pointwise``, the one FDG's decoding step
+    On a CPU in float32 the oneDNN kernel (:func:`namc.kernels.linear`, the one a bf16 copy's decoding step
     uses), on the plain and on the reordered matrix, is timed besides ``torch.mm`` (MKL or OpenBLAS);
     ``flops_per_s`` is the fastest backend's median, so an efficiency never looks better for using a different GEMM
     than the reference. ``precision="bf16"`` times both
@@ -109,9 +110,9 @@ def measure_matmul(
         layer = int8_linear(b, None)
         backends = {"int8_dynamic_linear": lambda: layer(a)}
     elif device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn.linear_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b)
-        backends["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
-        backends["onednn_prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+        packed = kernels.reorder_linear_weight(b)
+        backends["onednn"] = lambda: kernels.linear(a, b)
+        backends["onednn_prepacked"] = lambda: kernels.linear(a, packed)
     results = {}
     with torch.inference_mode():
         for name, fn in backends.items():
