@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from namc.models.validate import check_config, estimate_parameters
+
 __all__ = ["NAMCConfig"]
 
 
@@ -105,8 +107,6 @@ class NAMCConfig:
         Raises:
             ConfigError: one line ``"<where>: <key>: <problem>"``.
         """
-        from namc.models.validate import check_config
-
         check_config(self, where, max_parameters)
 
     def estimate_parameters(self) -> int:
@@ -115,6 +115,4 @@ class NAMCConfig:
         Raises:
             ConfigError: the config names a model that cannot be built (an unknown CLIP or grid model).
         """
-        from namc.models.validate import estimate_parameters
-
         return estimate_parameters(self)

@@ -19,20 +19,18 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from pathlib import Path
 
 import open_clip
 import torch
 from torch import nn
 
+import namc.models.clip_configs  # noqa: F401  (registers namc's own CLIP configs with open_clip)
 from namc.models.io import load_state_dict, load_strict
 
 logger = logging.getLogger(__name__)
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-_CONFIG_DIR = Path(__file__).parent / "clip_configs"
-open_clip.add_model_config(_CONFIG_DIR)
 
 CLIP_HINT = (
     "an open_clip-layout CLIP state dict (.safetensors, or a .bin/.pt state dict readable with weights_only=True). "

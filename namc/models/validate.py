@@ -258,7 +258,7 @@ def _clip_block(width: int, mlp_ratio: float) -> int:
 def _clip_config(name: str, where: str) -> dict[str, Any]:
     import open_clip
 
-    import namc.models.encoders  # noqa: F401  (registers namc's own CLIP configs with open_clip)
+    import namc.models.clip_configs  # noqa: F401  (registers namc's own CLIP configs with open_clip)
 
     cfg = open_clip.get_model_config(name)
     vision = (cfg or {}).get("vision_cfg", {})
@@ -393,10 +393,6 @@ def check_config(cfg: NAMCConfig, where: str = "NAMCConfig", limit: float | None
     Raises:
         ConfigError: ``"<where>: <key>: <problem>"``.
     """
-    from namc.models.config import NAMCConfig
-
-    if not isinstance(cfg, NAMCConfig):
-        raise ConfigError(f"{where}: expected a NAMCConfig, got {type(cfg).__name__}")
     _check_fields(cfg, where)
     _check_parts(cfg, where)
     limit = max_parameters() if limit is None else limit

@@ -24,7 +24,8 @@ from typing import Any
 from PIL import Image
 from tqdm.auto import tqdm
 
-from namc.curate.edits.backends import (
+from namc.curate.edits.base import BackendError, GenerationFailed, Result, Throughput
+from namc.curate.edits.options import (
     check_batch,
     check_masks,
     first_line,
@@ -33,7 +34,6 @@ from namc.curate.edits.backends import (
     pair_images,
     string_option,
 )
-from namc.curate.edits.base import BackendError, GenerationFailed, Result, Throughput
 
 __all__ = ["OpenAIImages"]
 

@@ -262,7 +262,7 @@ class ShapesPairGenerator:
                 continue
             out.append((_render(a, self.image_size), _render(b, self.image_size)))
             self.last_boxes.append(_changed_boxes(a, b, self.image_size))
-        # Throughput's convention for pairs (backends.pair_images): two images per pair, a failed pair twice
+        # Throughput's convention for pairs (options.pair_images): two images per pair, a failed pair twice
         self.throughput.record([x for r in out for x in ((r, r) if isinstance(r, GenerationFailed) else r)], started)
         return out
 
