@@ -150,17 +150,24 @@ def _captioners(model, folder: Path, work: Path, args: argparse.Namespace) -> di
         )
         for precision in sorted({p for b, p in runs if b in exported})
     }
+    compiled = {}  # (backend, precision) -> namc.compile's captioner, also the mix's encoder
+
+    def compile_once(backend: str, precision: str):
+        if (backend, precision) not in compiled:
+            compiled[(backend, precision)] = namc.compile(model, backend, precision)
+            if backend == "cpu" and precision == "int8":  # its static int8 grid, as the ONNX int8 encoder's
+                compiled[(backend, precision)].calibrate_int8([torch.cat(calibration[0])])
+        return compiled[(backend, precision)]
+
     captioners = {}
     for backend, precision in runs:
-        key = (backend, precision)
-        if backend in exported:  # one export for both runtimes
-            captioners[key] = load_captioner(exports[precision], backend.removeprefix("cpu+"), threads=args.threads)
-            captioners[key].eos_id = -1  # every row runs every step, as length_mode("fixed")
-        if backend in ("cpu", "cpu+onnxruntime") or backend not in exported:
-            encoder = namc.compile(model, backend.removesuffix("+onnxruntime"), precision)
-            if encoder.backend == "cpu" and precision == "int8":  # its static int8 grid, as the ONNX int8 encoder's
-                encoder.calibrate_int8([torch.cat(calibration[0])])
-            captioners[key] = _Mixed(encoder, captioners[key]) if backend == "cpu+onnxruntime" else encoder
+        if backend not in exported:
+            captioners[(backend, precision)] = compile_once(backend, precision)
+            continue
+        runtime = load_captioner(exports[precision], backend.removeprefix("cpu+"), threads=args.threads)
+        runtime.eos_id = -1  # every row runs every step, as length_mode("fixed")
+        mixed = backend == "cpu+onnxruntime"
+        captioners[(backend, precision)] = _Mixed(compile_once("cpu", precision), runtime) if mixed else runtime
     return captioners
 
 
