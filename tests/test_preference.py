@@ -16,7 +16,6 @@ import torch
 from namc.data.synthetic import generate_benchmark
 from namc.data.synthetic.counterfactuals import attribute_edits, counterfactuals, event_edits, parse_caption
 from namc.models import create_model, load_model
-from namc.models.retriever import NegativeRetriever
 from namc.objectives.caption import sequence_logprob
 from namc.objectives.preference import (
     dpo_loss,
@@ -26,6 +25,7 @@ from namc.objectives.preference import (
     preference_logprobs,
     reinforce_loss,
 )
+from namc.objectives.retriever import NegativeRetriever
 from namc.text.tokenizer import WordTokenizer
 
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")

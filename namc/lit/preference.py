@@ -13,7 +13,7 @@ Each training step (Algorithm 1, one Monte Carlo sample per pair):
 1. E_MIR of the pairs under pi_ref; K candidate negatives per pair (:class:`~namc.lit.negatives.NegativePool`:
    other training captions and / or rule-made counterfactuals, positives excluded);
 2. T' drawn uniformly (``negatives: pool``, DPO with a fixed pool) or from q_phi at temperature tau (``negatives:
-   retriever``, ADPO; :class:`~namc.models.retriever.NegativeRetriever`);
+   retriever``, ADPO; :class:`~namc.objectives.retriever.NegativeRetriever`);
 3. the DPO margin M and loss -log sigma(M) (:mod:`namc.objectives.preference`); for ADPO, the REINFORCE loss of
    the retriever with reward R = -log sigma(M) and a leave-one-out baseline. Both losses are summed: the policy
    gets no gradient from the REINFORCE term (its reward is a constant) and the retriever none from the DPO term
@@ -43,7 +43,6 @@ from namc.lit.finetune import FinetuneModule
 from namc.lit.modules import _mix
 from namc.lit.negatives import CANDIDATE_SOURCES, NegativePool
 from namc.models.namc import NAMC
-from namc.models.retriever import NegativeRetriever
 from namc.objectives.optim import PREFERENCE_LR
 from namc.objectives.preference import (
     dpo_loss,
@@ -53,6 +52,7 @@ from namc.objectives.preference import (
     preference_logprobs,
     reinforce_loss,
 )
+from namc.objectives.retriever import NegativeRetriever
 from namc.ops.sequence import used_length
 from namc.text.tokenizer import CaptionTokenizer
 

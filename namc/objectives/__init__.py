@@ -4,7 +4,7 @@
 - :func:`finetune_step`: next-token cross-entropy on benchmark captions.
 - :func:`sequence_logprob`: log pi(T | X1, X2) of whole captions (preference training, likelihood-based choice).
 - :mod:`.preference`: the DPO margin and loss of ADPO (Eq. 2/4) and the REINFORCE loss of its hard-negative
-  retriever, over sequence log-probabilities.
+  retriever, over sequence log-probabilities; :mod:`.retriever`: that retriever, q_phi.
 - :mod:`.optim`: the paper's learning rates and cosine schedule (appendix F).
 """
 
