@@ -47,7 +47,6 @@ __all__ = [
     "dynamic_int8_linear",
     "idle_threads_sleep",
     "int8_conv",
-    "int8_conv_add",
     "int8_linear",
     "linear",
     "onednn_bf16",
@@ -161,40 +160,29 @@ def int8_conv(
     bias: torch.Tensor | None,
     geometry: Geometry,
     out: tuple[float, int, torch.dtype | None],
-    clamp: tuple[float, float] | None = None,
     relu: bool = False,
+    clamp: tuple[float, float] | None = None,
+    shortcut: tuple[torch.Tensor, float, int] | None = None,
 ) -> torch.Tensor:
-    """A uint8 convolution: ``qx`` (codes of ``x_scale``, ``x_zero``) with ``packed`` (:func:`pack_int8_conv`, its
-    per-channel ``w_scales`` and int64 ``w_zero`` zero points), into ``out = (scale, zero_point, None)`` uint8 codes
-    or ``(1.0, 0, torch.float32)`` floats, then clamped to ``clamp`` (float bounds) or ReLU'd where asked."""
+    """A uint8 convolution as one call: ``qx`` (codes of ``x_scale``, ``x_zero``) with ``packed``
+    (:func:`pack_int8_conv`, its per-channel ``w_scales`` and int64 ``w_zero`` zero points), plus ``shortcut =
+    (accum, scale, zero_point)`` where given (uint8 codes, or floats where the output is float; oneDNN sums into
+    ``accum``'s buffer), then ReLU where ``relu`` or a clamp to ``clamp`` (float bounds; not with a shortcut); into
+    ``out = (scale, zero_point, None)`` uint8 codes or ``(1.0, 0, torch.float32)`` floats."""
     padding, stride, dilation, groups = geometry
-    head = (qx, x_scale, x_zero, packed, w_scales, w_zero, bias, stride, padding, dilation, groups)
+    w = (packed, w_scales, w_zero)
+    g = (stride, padding, dilation, groups)
+    if shortcut is not None:
+        if clamp is not None:
+            raise ValueError("oneDNN's int8 convolution with a shortcut takes no clamp")
+        accum, accum_scale, accum_zero = shortcut
+        post = (accum_scale, accum_zero, "sum", 1.0, "relu" if relu else None)
+        return torch.ops.onednn.qconv2d_pointwise.binary(qx, x_scale, x_zero, *w, accum, bias, *g, *out, *post, [], "")
     if clamp is not None:
-        return torch.ops.onednn.qconv2d_pointwise(*head, *out, "hardtanh", list(clamp), "")
-    return torch.ops.onednn.qconv2d_pointwise(*head, *out, "relu" if relu else "none", [], "")
-
-
-def int8_conv_add(
-    qx: torch.Tensor,
-    x_scale: float,
-    x_zero: int,
-    accum: torch.Tensor,
-    accum_scale: float,
-    accum_zero: int,
-    packed: torch.Tensor,
-    w_scales: torch.Tensor,
-    w_zero: torch.Tensor,
-    bias: torch.Tensor | None,
-    geometry: Geometry,
-    out: tuple[float, int, torch.dtype | None],
-    relu: bool,
-) -> torch.Tensor:
-    """:func:`int8_conv` plus the shortcut ``accum`` (uint8 codes of ``accum_scale``, ``accum_zero``, or floats where
-    the output is float), then ReLU where ``relu``, as one call."""
-    padding, stride, dilation, groups = geometry
-    head = (qx, x_scale, x_zero, packed, w_scales, w_zero, accum, bias, stride, padding, dilation, groups)
-    shortcut = (accum_scale, accum_zero, "sum", 1.0)
-    return torch.ops.onednn.qconv2d_pointwise.binary(*head, *out, *shortcut, "relu" if relu else None, [], "")
+        return torch.ops.onednn.qconv2d_pointwise(qx, x_scale, x_zero, *w, bias, *g, *out, "hardtanh", list(clamp), "")
+    return torch.ops.onednn.qconv2d_pointwise(
+        qx, x_scale, x_zero, *w, bias, *g, *out, "relu" if relu else "none", [], ""
+    )
 
 
 def pack_int8_linear(codes: torch.Tensor) -> torch.Tensor:

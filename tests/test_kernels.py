@@ -85,8 +85,10 @@ def test_int8_convolutions_are_conv2d_of_the_codes() -> None:
         torch.testing.assert_close((codes.float() - 128) * scale, ref, atol=scale, rtol=0)  # within one code
         accum = torch.randn_like(ref).contiguous(memory_format=torch.channels_last)
         expected = F.relu(ref + accum)  # before the call: oneDNN's sum writes into the shortcut's buffer
-        added = kernels.int8_conv_add(*case["x"], accum, 1.0, 0, *case["w"], fp32, relu=True)
+        added = kernels.int8_conv(*case["x"], *case["w"], fp32, relu=True, shortcut=(accum, 1.0, 0))
         torch.testing.assert_close(added, expected, atol=1e-3, rtol=1e-4)
+        with pytest.raises(ValueError, match="no clamp"):
+            kernels.int8_conv(*case["x"], *case["w"], fp32, clamp=(0.0, 1.0), shortcut=(accum, 1.0, 0))
 
 
 def test_int8_linear_is_the_product_of_the_codes() -> None:

@@ -142,7 +142,7 @@ class QuantConv(nn.Module):
             return kernels.int8_conv(*x, *w, out, relu=self.relu)
         if (accum.dtype == torch.uint8) != (self.out_scale is not None):
             raise ValueError("a uint8 shortcut needs a uint8 output and an fp32 one an fp32 output")
-        y = kernels.int8_conv_add(*x, accum, accum_scale, accum_zero, *w, out, self.relu)
+        y = kernels.int8_conv(*x, *w, out, relu=self.relu, shortcut=(accum, accum_scale, accum_zero))
         return y if self.out_max >= 255 else y.clamp_(max=self.out_max)
 
     def extra_repr(self) -> str:
