@@ -69,6 +69,7 @@ def test_time_spent_waiting_for_a_cpu_held_by_other_work_is_not_charged() -> Non
     assert message.startswith("took 18.0 s (setup 3.0 s + call 15.0 s; 10.0 s of it waiting for a CPU), over")
 
 
+@pytest.mark.slow  # starts a spinning process
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="the kernel keeps no schedstat")
 def test_the_run_delay_grows_when_another_process_shares_the_cpu() -> None:
     cpu = min(os.sched_getaffinity(0))

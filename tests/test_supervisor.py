@@ -2,8 +2,9 @@
 (SIGKILL, leaving a process that ignores SIGTERM and an orphan behind, both holding the output pipe), the command
 still returns within its grace periods, with the job's signal, and leaves no process of the job alive.
 
-The jobs here are small Python scripts, not Lightning runs (those are in ``test_resume.py``), so these tests are
-fast; the supervisor module is loaded from its file, without the Lightning stack that ``namc.lit`` imports.
+The jobs here are small Python scripts, not Lightning runs (those are in ``test_resume.py``); the supervisor module
+is loaded from its file, without the Lightning stack that ``namc.lit`` imports. They start process trees, so they run
+in the full tier.
 """
 
 from __future__ import annotations
@@ -102,11 +103,8 @@ def _finish(proc: subprocess.Popen, token: str, timeout: float = 30) -> tuple[st
     return out, time.monotonic() - start, left
 
 
-# the fork start method runs the same supervision code as exec: the full tier checks it, the fast tier checks exec
-FORK_IN_THE_FULL_TIER = pytest.param("fork", marks=pytest.mark.slow)
-
-
-@pytest.mark.parametrize("how", ["exec", FORK_IN_THE_FULL_TIER])
+@pytest.mark.slow  # starts process trees: the full tier
+@pytest.mark.parametrize("how", ["exec", "fork"])
 @pytest.mark.parametrize(("end", "code"), [("sigkill", -signal.SIGKILL), ("3", 3), ("0", 0)])
 def test_a_job_whose_main_process_ends_leaves_nothing_behind(tmp_path: Path, end: str, code: int, how: str) -> None:
     proc, token = _supervised(tmp_path, end, how)
@@ -119,7 +117,8 @@ def test_a_job_whose_main_process_ends_leaves_nothing_behind(tmp_path: Path, end
     assert "leftover process(es) of the job" in out  # both the stubborn process and the orphan had to be ended
 
 
-@pytest.mark.parametrize("how", ["exec", FORK_IN_THE_FULL_TIER])
+@pytest.mark.slow  # starts process trees: the full tier
+@pytest.mark.parametrize("how", ["exec", "fork"])
 def test_a_signal_to_the_supervisor_reaches_the_job(tmp_path: Path, how: str) -> None:
     proc, token = _supervised(tmp_path, "wait", how)
     assert proc.stdout is not None
